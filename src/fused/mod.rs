@@ -1,0 +1,155 @@
+//! The fused kernel: work items scheduled on the caller's rayon pool, each streaming its query
+//! rows against the key blocks with the online softmax ([`stream`]), then writing normalized
+//! output rows and log-sum-exps.
+//!
+//! Extra memory is one [`stream::Scratch`] per concurrently running rayon job: a few hundred KiB
+//! that depends on the head sizes and the GQA group, never on the sequence lengths.
+
+mod blocking;
+mod stream;
+
+use crate::problem::Problem;
+use crate::simd::{dispatch, Kernel, Simd};
+use crate::tensor::{Tensor, TensorMut};
+use blocking::Blocking;
+use rayon::prelude::*;
+use stream::{stream, Item, Operands, Scratch};
+
+/// Writes output rows and LSE values from several threads at once.
+///
+/// Holds raw pointers because rows of one output view are written by different rayon workers:
+/// no safe borrow can split a strided view into per-row pieces.
+struct RowWriter {
+    out: *mut f32,
+    dims: [usize; 4],
+    strides: [usize; 4],
+    lse: *mut f32,
+    lse_len: usize,
+}
+
+// SAFETY: the pointers come from `&mut` borrows that outlive the parallel loop, and every
+// element is written by exactly one work item (see `write_row`), so sharing the writer across
+// threads creates no data race.
+unsafe impl Send for RowWriter {}
+// SAFETY: as above.
+unsafe impl Sync for RowWriter {}
+
+impl RowWriter {
+    fn new(out: &mut TensorMut<'_, f32>, lse: Option<&mut [f32]>) -> Self {
+        let (data, dims, strides) = out.raw_parts();
+        let (lse, lse_len) = match lse {
+            Some(l) => (l.as_mut_ptr(), l.len()),
+            None => (std::ptr::null_mut(), 0),
+        };
+        RowWriter {
+            out: data.as_mut_ptr(),
+            dims,
+            strides,
+            lse,
+            lse_len,
+        }
+    }
+
+    /// Writes `out[b, i, h, ..] = o / l` (0 when `l = 0`) and `lse[b][h][i] = (m + log₂ l)·ln 2`
+    /// (−∞ when `l = 0`).
+    ///
+    /// # Safety
+    /// No other thread may write row `(b, i, h)` concurrently. Indices must be inside the dims;
+    /// then every offset is inside the slices, because `TensorMut` validated the view
+    /// (largest reachable index < len) and that it is injective (distinct rows never share
+    /// an element), and the LSE slice was checked to hold `batch · heads · n_q` values.
+    unsafe fn write_row(&self, b: usize, i: usize, h: usize, o: &[f32], m: f32, l: f32) {
+        let [_, n_q, heads, d_v] = self.dims;
+        debug_assert!(b < self.dims[0] && i < n_q && h < heads && o.len() >= d_v);
+        let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+        let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
+        for (x, &ox) in o[..d_v].iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { *self.out.add(base + x * self.strides[3]) = ox * inv };
+        }
+        if !self.lse.is_null() {
+            let idx = (b * heads + h) * n_q + i;
+            debug_assert!(idx < self.lse_len);
+            let value = if l == 0.0 {
+                f32::NEG_INFINITY
+            } else {
+                (m + l.log2()) * std::f32::consts::LN_2
+            };
+            // SAFETY: see the function's contract.
+            unsafe { *self.lse.add(idx) = value };
+        }
+    }
+}
+
+/// One work item run on the dispatched backend.
+struct ItemKernel<'a, 'o> {
+    ops: &'a Operands<'o>,
+    item: &'a Item,
+    scratch: &'a mut Scratch,
+}
+
+impl Kernel for ItemKernel<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        stream(s, self.ops, self.item, self.scratch)
+    }
+}
+
+/// Computes attention for a validated problem with the fused kernel.
+pub(crate) fn run(
+    problem: &Problem,
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    lse: Option<&mut [f32]>,
+) {
+    if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && lse.is_none()) {
+        return;
+    }
+    let blocking = Blocking::for_problem(problem);
+    let ops = Operands {
+        problem,
+        blocking,
+        q: *q,
+        k: *k,
+        v: *v,
+    };
+    let writer = RowWriter::new(out, lse);
+    let q_blocks = problem.n_q.div_ceil(blocking.q_rows);
+    let n_items = problem.batch * problem.kv_heads * q_blocks;
+    let group = blocking.group;
+    let d_vp = blocking.d_v_pad;
+
+    (0..n_items).into_par_iter().for_each_init(
+        || Scratch::new(&blocking),
+        |scratch, index| {
+            let q_block = index % q_blocks;
+            let kv_head = (index / q_blocks) % problem.kv_heads;
+            let batch = index / (q_blocks * problem.kv_heads);
+            let q_start = q_block * blocking.q_rows;
+            let item = Item {
+                batch,
+                kv_head,
+                q_start,
+                q_len: blocking.q_rows.min(problem.n_q - q_start),
+                kv_start: 0,
+                kv_end: problem.n_kv,
+            };
+            dispatch(ItemKernel {
+                ops: &ops,
+                item: &item,
+                scratch,
+            });
+            for r in 0..item.rows(group) {
+                let (h, i) = item.row_origin(group, r);
+                let o = &scratch.o[r * d_vp..(r + 1) * d_vp];
+                // SAFETY: row (batch, i, h) belongs to this item alone: items partition
+                // (batch, kv head, query block) and `row_origin` maps rows to distinct
+                // (head, position) pairs inside the item's heads and query block.
+                unsafe { writer.write_row(batch, i, h, o, scratch.m[r], scratch.l[r]) };
+            }
+        },
+    );
+}

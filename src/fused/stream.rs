@@ -1,0 +1,329 @@
+//! One work item of the fused kernel: a block of stacked query rows streamed against its key
+//! blocks with the online softmax (FlashAttention-2 forward, `../shared/NOTES.md` §2).
+//!
+//! Scores live in the log2 domain: Q is pre-multiplied by `scale · log₂e` when it is packed, so
+//! `exp(s − m)` becomes `2^(s' − m')`, one multiply fewer per score. The running max `m` starts
+//! at `−f32::MAX` instead of `−∞` and never goes below it, so `s − m` is `−∞` (weight exactly 0)
+//! for masked scores and never `−∞ − (−∞) = NaN`, with no branch.
+
+use super::blocking::Blocking;
+use crate::microkernel::{output_tile, scores_tile, MR, NR};
+use crate::problem::Problem;
+use crate::simd::{exp2, Simd, LANES};
+use crate::tensor::Tensor;
+
+/// The operands of one call, shared by every work item.
+pub(crate) struct Operands<'a> {
+    pub problem: &'a Problem,
+    pub blocking: Blocking,
+    pub q: Tensor<'a, f32>,
+    pub k: Tensor<'a, f32>,
+    pub v: Tensor<'a, f32>,
+}
+
+/// One work item: `group` query heads (those sharing key/value head `kv_head`) × query rows
+/// `q_start .. q_start + q_len` of batch `batch`, over keys `kv_start .. kv_end`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item {
+    pub batch: usize,
+    pub kv_head: usize,
+    pub q_start: usize,
+    pub q_len: usize,
+    pub kv_start: usize,
+    pub kv_end: usize,
+}
+
+impl Item {
+    /// Stacked rows: `group × q_len`, row `r` is head `kv_head·group + r / q_len`, query
+    /// position `q_start + r % q_len`.
+    pub fn rows(&self, group: usize) -> usize {
+        group * self.q_len
+    }
+
+    /// The (query head, query position) of stacked row `r`.
+    pub fn row_origin(&self, group: usize, r: usize) -> (usize, usize) {
+        (
+            self.kv_head * group + r / self.q_len,
+            self.q_start + r % self.q_len,
+        )
+    }
+}
+
+/// Per-worker buffers, sized once per call from the [`Blocking`] (never from sequence length).
+pub(crate) struct Scratch {
+    /// Qᵀ panels: panel `t` (rows `16t ..`) holds `d_k` steps of 16 rows.
+    qt: Vec<f32>,
+    /// Sᵀ then Pᵀ for one key block: key `j`'s rows at `st[j · rows_pad ..]`.
+    st: Vec<f32>,
+    /// The packed V block: `kv_block × d_v_pad`, zero-padded columns.
+    v: Vec<f32>,
+    /// The K block, packed only when K's head dimension is strided.
+    k: Vec<f32>,
+    /// Output accumulator, `rows_pad × d_v_pad`.
+    pub o: Vec<f32>,
+    /// Running max (log2 domain) per row.
+    pub m: Vec<f32>,
+    /// Running sum of weights per row.
+    pub l: Vec<f32>,
+    /// Rescale factor of the current block per row.
+    alpha: Vec<f32>,
+    /// Visible keys `[lo, hi)` per row.
+    lo: Vec<usize>,
+    hi: Vec<usize>,
+}
+
+impl Scratch {
+    pub fn new(b: &Blocking) -> Self {
+        let rows_pad = b.rows_pad();
+        Scratch {
+            qt: vec![0.0; rows_pad.div_ceil(NR) * NR * b.d_k],
+            st: vec![0.0; b.kv_block * rows_pad],
+            v: vec![0.0; b.kv_block * b.d_v_pad],
+            k: Vec::new(),
+            o: vec![0.0; rows_pad * b.d_v_pad],
+            m: vec![0.0; rows_pad],
+            l: vec![0.0; rows_pad],
+            alpha: vec![0.0; rows_pad],
+            lo: vec![0; rows_pad],
+            hi: vec![0; rows_pad],
+        }
+    }
+}
+
+/// Runs one work item: afterwards `scratch.o[r]` holds the unnormalized output of row `r`,
+/// `scratch.l[r]` its sum of weights and `scratch.m[r]` its max score, log2 domain
+/// (`l = 0` for a row that saw no key).
+#[inline(always)]
+pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Scratch) {
+    let p = ops.problem;
+    let bl = &ops.blocking;
+    let group = bl.group;
+    let rows = item.rows(group);
+    let rows_pad = rows.div_ceil(LANES) * LANES;
+    let d_k = p.d_k;
+    let d_vp = bl.d_v_pad;
+
+    // Q, transposed into 16-row panels and pre-scaled into the log2 domain.
+    let q_scale = p.scale * std::f32::consts::LOG2_E;
+    let [qs_b, qs_s, qs_h, qs_d] = ops.q.strides();
+    let q_data = ops.q.data();
+    sc.qt[..rows_pad.div_ceil(NR) * NR * d_k].fill(0.0);
+    for r in 0..rows {
+        let (h, i) = item.row_origin(group, r);
+        let base = item.batch * qs_b + i * qs_s + h * qs_h;
+        let panel = &mut sc.qt[(r / NR) * NR * d_k..][..NR * d_k];
+        for c in 0..d_k {
+            panel[c * NR + r % NR] = q_data[base + c * qs_d] * q_scale;
+        }
+    }
+
+    // Visible keys of each row, restricted to the item's key range.
+    let mut any_lo = usize::MAX;
+    let mut any_hi = 0;
+    for r in 0..rows {
+        let (_, i) = item.row_origin(group, r);
+        let (lo, hi) = p.visible_keys(item.batch, i);
+        let (lo, hi) = (lo.max(item.kv_start), hi.min(item.kv_end));
+        let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
+        sc.lo[r] = lo;
+        sc.hi[r] = hi;
+        if lo < hi {
+            any_lo = any_lo.min(lo);
+            any_hi = any_hi.max(hi);
+        }
+    }
+    sc.m[..rows_pad].fill(-f32::MAX);
+    sc.l[..rows_pad].fill(0.0);
+    sc.o[..rows_pad * d_vp].fill(0.0);
+    if any_lo >= any_hi {
+        return;
+    }
+
+    let [ks_b, ks_s, ks_h, ks_d] = ops.k.strides();
+    let k_data = ops.k.data();
+    let k_contiguous = ks_d == 1;
+    if !k_contiguous && sc.k.len() < bl.kv_block * d_k {
+        sc.k.resize(bl.kv_block * d_k, 0.0);
+    }
+
+    let mut j0 = any_lo;
+    while j0 < any_hi {
+        let j1 = (j0 + bl.kv_block).min(any_hi);
+        let c = j1 - j0;
+        pack_values(ops, item, j0, c, &mut sc.v, d_vp);
+        if !k_contiguous {
+            for jj in 0..c {
+                let base = item.batch * ks_b + (j0 + jj) * ks_s + item.kv_head * ks_h;
+                for (x, dst) in sc.k[jj * d_k..(jj + 1) * d_k].iter_mut().enumerate() {
+                    *dst = k_data[base + x * ks_d];
+                }
+            }
+        }
+        let k_row = |jj: usize| -> &[f32] {
+            if k_contiguous {
+                let base = item.batch * ks_b + (j0 + jj) * ks_s + item.kv_head * ks_h;
+                &k_data[base..base + d_k]
+            } else {
+                &sc.k[jj * d_k..(jj + 1) * d_k]
+            }
+        };
+
+        // Sᵀ = K · Qᵀ, panel by panel, only over the keys some row of the panel sees.
+        for r0 in (0..rows_pad).step_by(NR) {
+            let r1 = (r0 + NR).min(rows_pad);
+            let Some((plo, phi)) =
+                union_range(&sc.lo[r0..r1.min(rows)], &sc.hi[r0..r1.min(rows)], j0, j1)
+            else {
+                continue;
+            };
+            let qt = &sc.qt[(r0 / NR) * NR * d_k..][..NR * d_k];
+            let mut jj = plo;
+            while jj < phi {
+                let n = (phi - jj).min(MR);
+                let out = &mut sc.st[jj * rows_pad + r0..];
+                score_keys(s, n, r1 - r0, &k_row, jj, qt, d_k, out, rows_pad);
+                jj += n;
+            }
+        }
+
+        // Mask: −∞ outside each row's visible keys (only rows that do not see the whole block).
+        for r in 0..rows {
+            let (lo, hi) = (sc.lo[r].clamp(j0, j1) - j0, sc.hi[r].clamp(j0, j1) - j0);
+            let (lo, hi) = if lo < hi { (lo, hi) } else { (c, c) };
+            for jj in (0..lo).chain(hi..c) {
+                sc.st[jj * rows_pad + r] = f32::NEG_INFINITY;
+            }
+        }
+
+        // Online softmax, one query row per lane.
+        for r0 in (0..rows_pad).step_by(LANES) {
+            let mut mx = s.splat(f32::NEG_INFINITY);
+            for jj in 0..c {
+                mx = s.max(mx, s.load(&sc.st[jj * rows_pad + r0..]));
+            }
+            let m_old = s.load(&sc.m[r0..]);
+            let m_new = s.max(s.splat(-f32::MAX), s.max(m_old, mx));
+            let alpha = exp2(s, s.sub(m_old, m_new));
+            let mut sum = s.splat(0.0);
+            for jj in 0..c {
+                let x = &mut sc.st[jj * rows_pad + r0..][..LANES];
+                let pj = exp2(s, s.sub(s.load(x), m_new));
+                s.store(x, pj);
+                sum = s.add(sum, pj);
+            }
+            let l = s.mul_add(s.load(&sc.l[r0..]), alpha, sum);
+            s.store(&mut sc.l[r0..], l);
+            s.store(&mut sc.m[r0..], m_new);
+            s.store(&mut sc.alpha[r0..], alpha);
+        }
+
+        // O = α ⊙ O + P · V, 6-row groups over the keys some row of the group sees.
+        for r0 in (0..rows).step_by(MR) {
+            let r1 = (r0 + MR).min(rows);
+            let Some((glo, ghi)) = union_range(&sc.lo[r0..r1], &sc.hi[r0..r1], j0, j1) else {
+                continue;
+            };
+            for col in (0..d_vp).step_by(NR) {
+                let pt = &sc.st[glo * rows_pad + r0..];
+                let v = &sc.v[glo * d_vp + col..];
+                let alpha = &sc.alpha[r0..r1];
+                let o = &mut sc.o[r0 * d_vp + col..];
+                output_rows(s, r1 - r0, pt, rows_pad, ghi - glo, v, d_vp, alpha, o, d_vp);
+            }
+        }
+        j0 = j1;
+    }
+}
+
+/// The union `[lo, hi)` of the rows' visible ranges intersected with `[j0, j1)`, relative to
+/// `j0`; `None` if no row sees a key of the block.
+#[inline(always)]
+fn union_range(lo: &[usize], hi: &[usize], j0: usize, j1: usize) -> Option<(usize, usize)> {
+    let mut u = (usize::MAX, 0);
+    for (&l, &h) in lo.iter().zip(hi) {
+        let (l, h) = (l.max(j0), h.min(j1));
+        if l < h {
+            u = (u.0.min(l), u.1.max(h));
+        }
+    }
+    (u.0 < u.1).then(|| (u.0 - j0, u.1 - j0))
+}
+
+/// Copies values `j0 .. j0 + c` of the item's key/value head into `dst` rows of `d_vp` floats
+/// (the padding columns stay zero: they are never written).
+#[inline(always)]
+fn pack_values(ops: &Operands<'_>, item: &Item, j0: usize, c: usize, dst: &mut [f32], d_vp: usize) {
+    let d_v = ops.problem.d_v;
+    let [vs_b, vs_s, vs_h, vs_d] = ops.v.strides();
+    let data = ops.v.data();
+    for jj in 0..c {
+        let base = item.batch * vs_b + (j0 + jj) * vs_s + item.kv_head * vs_h;
+        let row = &mut dst[jj * d_vp..jj * d_vp + d_v];
+        if vs_d == 1 {
+            row.copy_from_slice(&data[base..base + d_v]);
+        } else {
+            for (x, out) in row.iter_mut().enumerate() {
+                *out = data[base + x * vs_d];
+            }
+        }
+    }
+}
+
+/// Scores of `n ≤ 6` keys starting at block key `jj` against one panel of `width` (8 or 16) rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn score_keys<'k, S: Simd>(
+    s: S,
+    n: usize,
+    width: usize,
+    k_row: &impl Fn(usize) -> &'k [f32],
+    jj: usize,
+    qt: &[f32],
+    d: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    macro_rules! tile {
+        ($keys:literal) => {{
+            let k: [&[f32]; $keys] = core::array::from_fn(|t| k_row(jj + t));
+            if width == NR {
+                scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld)
+            } else {
+                scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld)
+            }
+        }};
+    }
+    match n {
+        6 => tile!(6),
+        5 => tile!(5),
+        4 => tile!(4),
+        3 => tile!(3),
+        2 => tile!(2),
+        _ => tile!(1),
+    }
+}
+
+/// [`output_tile`] for `rows ≤ 6` rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn output_rows<S: Simd>(
+    s: S,
+    rows: usize,
+    pt: &[f32],
+    ld_p: usize,
+    c: usize,
+    v: &[f32],
+    ld_v: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+    ld_o: usize,
+) {
+    match rows {
+        6 => output_tile::<S, 6>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+        5 => output_tile::<S, 5>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+        4 => output_tile::<S, 4>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+        3 => output_tile::<S, 3>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+        2 => output_tile::<S, 2>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+        _ => output_tile::<S, 1>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+    }
+}

@@ -1,0 +1,104 @@
+//! # sdpa: scaled dot-product attention on CPUs
+//!
+//! `out = softmax(Q·Kᵀ·scale) · V`, computed by a fused, FlashAttention-2-style kernel that never
+//! materializes the `n_q × n_kv` score matrix, on hand-written SIMD micro-kernels chosen at run
+//! time (AVX2 + FMA where the CPU has them, portable `wide` lanes elsewhere), parallel over the
+//! caller's rayon pool, and verified against a plain f64 [`reference`].
+//!
+//! ```
+//! use sdpa::{attention, Alignment, Options, Tensor, TensorMut};
+//!
+//! // One sequence, 3 tokens, 1 head, head size 2 (contiguous [batch, seq, heads, dim]).
+//! let q = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0];
+//! let v = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let mut out = [0.0f32; 6];
+//! let q_view = Tensor::bshd(&q, [1, 3, 1, 2])?;
+//! let v_view = Tensor::bshd(&v, [1, 3, 1, 2])?;
+//! let mut out_view = TensorMut::bshd(&mut out, [1, 3, 1, 2])?;
+//! attention(&q_view, &q_view, &v_view, &mut out_view, &Options::new())?;
+//! assert!((out[0] - 0.599).abs() < 1e-3);
+//!
+//! // Causal, with the diagonal aligned to the last key (what a KV-cache decode step needs).
+//! attention(&q_view, &q_view, &v_view, &mut out_view, &Options::new().causal(Alignment::BottomRight))?;
+//! assert_eq!(&out[..2], &[1.0, 0.0]); // row 0 sees key 0 only: v₀
+//! # Ok::<(), sdpa::Error>(())
+//! ```
+//!
+//! ## Semantics
+//! Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
+//! `[B, n_q, H, d_v]`, any element strides. `H` must be a multiple of `H_kv`; query head `h`
+//! reads key/value head `h / (H / H_kv)` (grouped-query and multi-query attention, no copy).
+//!
+//! For query row `i` and key `j`: `s_ij = scale · q_i·k_j`; keys hidden by the [`Options`] get
+//! `−∞`; `p_ij = exp(s_ij − m_i) / Σ_j exp(s_ij − m_i)`; `out_i = Σ_j p_ij v_j`;
+//! `lse_i = m_i + ln Σ_j exp(s_ij − m_i)`.
+//!
+//! * A row with no visible key (`n_kv = 0`, or a causal diagonal that starts past the keys):
+//!   output 0 and `lse = −∞` — never NaN, never the mean of V.
+//! * NaN in Q, K or V propagates to the outputs it touches. (A NaN in `v_j` reaches every row
+//!   that sees key `j`; in the fused kernel it may also reach rows that do not see `j` but share
+//!   a key block with it, since masked weights are exact zeros and `0 · NaN = NaN`.)
+//! * ±∞ inputs follow IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
+//! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted first.
+//! * Accuracy: see [`reference::error_bound`]; the fused result is within that bound of the
+//!   f64 reference.
+//! * Determinism: block sizes depend on the shape only and every query row is reduced in one
+//!   fixed order, so results are bitwise identical for any number of threads.
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod error;
+mod fused;
+mod microkernel;
+mod options;
+mod problem;
+pub mod reference;
+mod simd;
+mod tensor;
+
+pub use error::{Dim, Error, Operand};
+pub use options::{Alignment, Options};
+pub use simd::{backend, Backend};
+pub use tensor::{Tensor, TensorMut};
+
+use problem::Problem;
+
+/// Scaled dot-product attention, `out = softmax(Q·Kᵀ·scale) · V`, on the fused kernel.
+///
+/// Runs on the current rayon pool (`pool.install(|| sdpa::attention(…))` to choose one).
+/// Extra memory is a few hundred KiB per worker, independent of the sequence lengths.
+///
+/// # Errors
+/// [`Error::ShapeMismatch`] when the dims of K, V or `out` do not match Q's (and each other);
+/// [`Error::HeadsNotDivisible`] when `H` is not a positive multiple of `H_kv`;
+/// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale.
+pub fn attention(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    opts: &Options,
+) -> Result<(), Error> {
+    let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
+    fused::run(&problem, q, k, v, out, None);
+    Ok(())
+}
+
+/// [`attention`] that also writes the log-sum-exp of every row's scores: `lse[(b·H + h)·n_q + i]
+/// = ln Σ_j exp(s_ij)` (natural log, over visible keys; `−∞` for a row with no visible key).
+///
+/// # Errors
+/// As [`attention`], plus [`Error::LengthMismatch`] when `lse.len() ≠ B · H · n_q`.
+pub fn attention_lse(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    lse: &mut [f32],
+    opts: &Options,
+) -> Result<(), Error> {
+    let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
+    fused::run(&problem, q, k, v, out, Some(lse));
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! The naive reference: the definition of attention, step by step as the math reads, in f64.
+//!
+//! For every (batch, head) it materializes the full `n_q × n_kv` score matrix, then
+//! 1. `s_ij = scale · (q_i · k_j)`,
+//! 2. marks invisible scores `−∞` (causal diagonal, element by element),
+//! 3. takes the row softmax `p_ij = exp(s_ij − m_i) / Σ_j exp(s_ij − m_i)`,
+//! 4. and the weighted sum `out_i = Σ_{visible j} p_ij · v_j`, `lse_i = m_i + ln Σ_j exp(s_ij − m_i)`.
+//!
+//! Clarity over speed: it is the oracle every fast path is tested against, and its memory grows
+//! as `n_q · n_kv`. Rows with no visible key get output 0 and `lse = −∞`; NaN inputs propagate to
+//! every output they touch (a NaN in `v_j` reaches exactly the rows that see key `j`).
+
+use crate::error::Error;
+use crate::options::Options;
+use crate::problem::Problem;
+use crate::tensor::{Tensor, TensorMut};
+
+/// Reference attention: `out = softmax(Q·Kᵀ·scale) · V` with the semantics of
+/// [`crate::attention`], computed in f64 with the whole score matrix in memory.
+///
+/// # Errors
+/// The same as [`crate::attention`].
+pub fn attention(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    opts: &Options,
+) -> Result<(), Error> {
+    let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
+    run(&problem, q, k, v, out, None);
+    Ok(())
+}
+
+/// Reference attention that also writes the natural-log log-sum-exp of each row's scores,
+/// `lse` laid out `[batch][heads][n_q]`; `−∞` for rows with no visible key.
+///
+/// # Errors
+/// The same as [`crate::attention_lse`].
+pub fn attention_lse(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    lse: &mut [f32],
+    opts: &Options,
+) -> Result<(), Error> {
+    let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
+    run(&problem, q, k, v, out, Some(lse));
+    Ok(())
+}
+
+fn at(t: &Tensor<'_, f32>, index: [usize; 4]) -> f64 {
+    // In range by construction of the loops below and the validated view.
+    f64::from(*t.get(index).expect("index inside validated dims"))
+}
+
+fn run(
+    p: &Problem,
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out: &mut TensorMut<'_, f32>,
+    mut lse: Option<&mut [f32]>,
+) {
+    let scale = f64::from(p.scale);
+    let mut scores = vec![0.0f64; p.n_q * p.n_kv];
+    for b in 0..p.batch {
+        for h in 0..p.heads {
+            let hk = p.kv_head(h);
+            // 1. Scores.
+            for i in 0..p.n_q {
+                for j in 0..p.n_kv {
+                    let dot: f64 = (0..p.d_k)
+                        .map(|c| at(q, [b, i, h, c]) * at(k, [b, j, hk, c]))
+                        .sum();
+                    scores[i * p.n_kv + j] = scale * dot;
+                }
+            }
+            // 2. Visibility.
+            for i in 0..p.n_q {
+                for j in 0..p.n_kv {
+                    if !p.is_visible(b, i, j) {
+                        scores[i * p.n_kv + j] = f64::NEG_INFINITY;
+                    }
+                }
+            }
+            for i in 0..p.n_q {
+                let row = &mut scores[i * p.n_kv..(i + 1) * p.n_kv];
+                // 3. Row softmax. `fold(max)` would drop NaN; keep it so it propagates.
+                let m = row.iter().copied().fold(f64::NEG_INFINITY, |m, s| {
+                    if s.is_nan() || m.is_nan() {
+                        f64::NAN
+                    } else {
+                        m.max(s)
+                    }
+                });
+                let visible_any = m > f64::NEG_INFINITY || m.is_nan();
+                let mut sum = 0.0;
+                for s in row.iter_mut() {
+                    *s = if *s == f64::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (*s - m).exp()
+                    };
+                    sum += *s;
+                }
+                // 4. Weighted sum over the visible keys.
+                for c in 0..p.d_v {
+                    let mut acc = 0.0;
+                    if visible_any {
+                        for (j, &w) in row.iter().enumerate() {
+                            if p.is_visible(b, i, j) {
+                                acc += w * at(v, [b, j, hk, c]);
+                            }
+                        }
+                        acc /= sum;
+                    }
+                    *out.get_mut([b, i, h, c])
+                        .expect("index inside validated dims") = acc as f32;
+                }
+                if let Some(lse) = lse.as_deref_mut() {
+                    lse[(b * p.heads + h) * p.n_q + i] = if visible_any {
+                        (m + sum.ln()) as f32
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// How far the fused kernel's result may be from the f64 reference for one query row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorBound {
+    /// Bound on `|out_fused − out_reference|` for every element of the row.
+    pub out: f64,
+    /// Bound on `|lse_fused − lse_reference|`.
+    pub lse: f64,
+}
+
+/// Unit roundoff of f32, `2⁻²⁴`.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// Relative error of the fused kernel's polynomial `2^x` (measured 8.4e-8; see `simd::exp2`).
+const EXP2_REL: f64 = 2e-7;
+
+/// `γ_n = n·u / (1 − n·u)`, the classic bound on the relative error of an n-term f32 sum or dot
+/// product (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1).
+fn gamma(n: usize) -> f64 {
+    let nu = n as f64 * U;
+    if nu >= 1.0 {
+        f64::INFINITY
+    } else {
+        nu / (1.0 - nu)
+    }
+}
+
+/// The accuracy contract of the fused kernel against this reference, one bound per query row,
+/// laid out like LSE: `[(b·H + h)·n_q + i]`.
+///
+/// Derivation (worst case, f32 unit roundoff `u = 2⁻²⁴`), for row `i` with visible keys `J`:
+/// 1. Each score is an f32 dot product of `d_k` terms with `q` pre-scaled by one rounded
+///    multiply: `|s̃_ij − s_ij| ≤ γ_{d_k+2} · |scale| · Σ_p |q_ip k_jp|`. Subtracting the running
+///    max and rounding the log2-domain score add `2u · (|s_ij| + |m_i|)` each. Call the largest
+///    total over `j ∈ J` `Δ`.
+/// 2. Each weight `exp(s̃ − m̃)` is then off by a factor within `e^{±Δ}`, and the polynomial
+///    `2^x` adds a relative `2e-7`: per weight relative error `θ = e^Δ − 1 + 2e-7`.
+/// 3. Normalizing weights that are each off by at most `θ` moves the convex combination
+///    `Σ p_j v_j` by at most `2θ/(1 − θ) · max_{j∈J} ‖v_j‖_∞`.
+/// 4. Accumulating `n = |J|` weighted values and weights in f32 adds `γ_n` on each sum, and the
+///    final division and f32 rounding of the reference add `2u`, all relative to `max ‖v_j‖_∞`.
+///
+/// So `out ≤ max‖v‖ · (2θ/(1−θ) + 2γ_n + 2u)` and `lse ≤ Δ + θ + γ_n + u·|lse|`.
+/// Rows with no visible key get 0 (the fused kernel writes exactly 0 and −∞ there).
+/// The bound is NaN where inputs are NaN; non-finite inputs follow the documented semantics
+/// instead.
+///
+/// # Errors
+/// The same as [`attention`] for the shapes and options (no output is needed).
+pub fn error_bounds(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    opts: &Options,
+) -> Result<Vec<ErrorBound>, Error> {
+    let [batch, n_q, heads, _] = q.dims();
+    let d_v = v.dims()[3];
+    let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
+    let scale = f64::from(p.scale).abs();
+    let mut bounds = Vec::with_capacity(batch * heads * n_q);
+    for b in 0..p.batch {
+        for h in 0..p.heads {
+            let hk = p.kv_head(h);
+            for i in 0..p.n_q {
+                let mut delta = 0.0f64;
+                let mut v_max = 0.0f64;
+                let mut s_max = f64::NEG_INFINITY;
+                let mut n = 0usize;
+                let mut scores = Vec::new();
+                for j in (0..p.n_kv).filter(|&j| p.is_visible(b, i, j)) {
+                    n += 1;
+                    let (mut dot, mut abs) = (0.0, 0.0);
+                    for c in 0..p.d_k {
+                        let x = at(q, [b, i, h, c]) * at(k, [b, j, hk, c]);
+                        dot += x;
+                        abs += x.abs();
+                    }
+                    let s = f64::from(p.scale) * dot;
+                    s_max = s_max.max(s);
+                    scores.push((s, gamma(p.d_k + 2) * scale * abs));
+                    for c in 0..p.d_v {
+                        v_max = v_max.max(at(v, [b, j, hk, c]).abs());
+                    }
+                }
+                for (s, e) in scores {
+                    delta = delta.max(e + 2.0 * U * (s.abs() + s_max.abs()));
+                }
+                let theta = delta.exp_m1() + EXP2_REL;
+                let lse_mag = s_max.abs() + (n.max(1) as f64).ln();
+                bounds.push(if n == 0 {
+                    ErrorBound { out: 0.0, lse: 0.0 }
+                } else {
+                    ErrorBound {
+                        out: v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(n) + 2.0 * U),
+                        lse: delta + theta + gamma(n) + U * lse_mag,
+                    }
+                });
+            }
+        }
+    }
+    Ok(bounds)
+}

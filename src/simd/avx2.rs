@@ -1,0 +1,95 @@
+//! AVX2 + FMA lanes from `core::arch`, usable only through a token that proves the CPU has them.
+
+use super::{Kernel, Simd};
+use core::arch::x86_64::*;
+
+/// Proof that the running CPU supports AVX2 and FMA: the only constructor is [`Avx2Fma::detect`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2Fma {
+    _proof: (),
+}
+
+impl Avx2Fma {
+    /// The token, if the CPU supports AVX2 and FMA (`std` caches the CPUID query).
+    pub fn detect() -> Option<Self> {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            Some(Self { _proof: () })
+        } else {
+            None
+        }
+    }
+}
+
+/// The entry point that gives the kernel body AVX2 + FMA code generation. `Kernel::run` and
+/// everything it calls are `#[inline(always)]`, so they are compiled here with the features on.
+#[target_feature(enable = "avx2,fma")]
+fn run_with_features<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
+    kernel.run(simd)
+}
+
+/// Runs `kernel` with AVX2 + FMA code generation.
+#[inline]
+pub(super) fn run<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
+    // SAFETY: an `Avx2Fma` value exists only if `detect` found both features on this CPU.
+    unsafe { run_with_features(simd, kernel) }
+}
+
+// SAFETY (for every `unsafe` block below): the intrinsics need AVX2/FMA, which the existence of
+// `self: Avx2Fma` proves; loads and stores go through slices whose length is checked first.
+impl Simd for Avx2Fma {
+    type V = __m256;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m256 {
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: 8 readable f32s (checked above); unaligned load.
+        unsafe { _mm256_loadu_ps(s.as_ptr()) }
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: __m256) {
+        let s = &mut s[..8];
+        // SAFETY: 8 writable f32s (checked above); unaligned store.
+        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
+    }
+    #[inline(always)]
+    fn add(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn sub(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn max(self, a: __m256, b: __m256) -> __m256 {
+        // vmaxps returns its second source operand when either is NaN.
+        unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    fn min(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    fn floor(self, a: __m256) -> __m256 {
+        unsafe { _mm256_floor_ps(a) }
+    }
+    #[inline(always)]
+    fn pow2i(self, n: __m256) -> __m256 {
+        // (n + 127) << 23 is the IEEE-754 bit pattern of 2^n; n = −127 gives +0.0.
+        unsafe {
+            let biased = _mm256_cvtps_epi32(_mm256_add_ps(n, _mm256_set1_ps(127.0)));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased))
+        }
+    }
+}
