@@ -64,8 +64,10 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
 
 /// `o[r][0..16] = alpha[r] · o[r][0..16] + Σ_{j<c} pt[j][r] · v[j][0..16]` for each row `r < ROWS`.
 ///
-/// * `pt`: the softmax numerators key-major, key `j`'s rows at `pt[j * ld_p ..][..ROWS]`.
-/// * `v`: `c` value rows at stride `ld_v`, 16 columns each (a column panel of the packed block).
+/// * `pt`: the softmax numerators key-major, key `j`'s rows at `pt[j * ld_p ..][..ROWS]`; at
+///   least `c · ld_p` values (whole strides, so the loop needs no tail checks).
+/// * `v`: `c` value rows at stride `ld_v`, 16 columns each (a column panel of the packed block),
+///   at least `c · ld_v` values.
 /// * `o`: the running output accumulator, rows at stride `ld_o`, 16 columns each.
 #[allow(clippy::too_many_arguments)] // one tile's operands; a struct would only rename them
 #[inline(always)]
@@ -88,8 +90,9 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize>(
             s.mul(a, s.load(&row[LANES..])),
         ]
     });
-    for (pj, vj) in pt.chunks(ld_p).zip(v.chunks(ld_v)).take(c) {
-        let pj = &pj[..ROWS];
+    assert!(ROWS <= ld_p && NR <= ld_v);
+    let (pt, v) = (&pt[..c * ld_p], &v[..c * ld_v]);
+    for (pj, vj) in pt.chunks_exact(ld_p).zip(v.chunks_exact(ld_v)) {
         let v0 = s.load(&vj[..LANES]);
         let v1 = s.load(&vj[LANES..NR]);
         for r in 0..ROWS {

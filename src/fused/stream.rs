@@ -77,8 +77,10 @@ impl Scratch {
         let rows_pad = b.rows_pad();
         Scratch {
             qt: vec![0.0; rows_pad.div_ceil(NR) * NR * b.d_k],
-            st: vec![0.0; b.kv_block * rows_pad],
-            v: vec![0.0; b.kv_block * b.d_v_pad],
+            // One extra stride each: the output tile reads whole strides from an offset row
+            // or column (see `output_tile`).
+            st: vec![0.0; (b.kv_block + 1) * rows_pad],
+            v: vec![0.0; (b.kv_block + 1) * b.d_v_pad],
             k: Vec::new(),
             o: vec![0.0; rows_pad * b.d_v_pad],
             m: vec![0.0; rows_pad],
