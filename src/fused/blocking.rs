@@ -9,28 +9,38 @@
 //! key/value head, so each K/V block is read once for the whole group) streamed against key
 //! blocks of `kv_block` keys. Its working set, for `d = d_k = d_v`:
 //!
-//! | buffer           | size (f32)        | d = 64, rows 96, kv 96 | d = 128  | where it lives |
-//! |------------------|-------------------|------------------------|----------|----------------|
-//! | Qᵀ panels        | rows · d_k        | 24 KiB                 | 48 KiB   | L2, one 16-row panel (4–8 KiB) in L1 during a score tile |
-//! | Sᵀ / Pᵀ          | kv_block · rows   | 36 KiB                 | 36 KiB   | L2, written then re-read at once |
-//! | V block (packed) | kv_block · d_v    | 24 KiB                 | 48 KiB   | L2; one 16-column panel (6 KiB) in L1 |
-//! | O accumulator    | rows · d_v        | 24 KiB                 | 48 KiB   | L2 |
-//! | K rows           | 6 · d_k per tile  | 1.5 KiB                | 3 KiB    | L1 (read from the caller's tensor) |
+//! | buffer           | size (f32)        | d = 64 (kv 192) | d = 128 (kv 168) | where it lives |
+//! |------------------|-------------------|-----------------|------------------|----------------|
+//! | Qᵀ panels        | rows · d_k        | 24 KiB          | 48 KiB           | L2; one 16-row panel (4–8 KiB) in L1 during a score tile |
+//! | Sᵀ / Pᵀ          | kv_block · rows   | 72 KiB          | 63 KiB           | L2, written then re-read at once |
+//! | V block (packed) | kv_block · d_v    | 48 KiB          | 84 KiB           | L2; one 16-column panel in L1 |
+//! | K block          | kv_block · d_k    | 48 KiB          | 84 KiB           | L2 (read in place from the caller's tensor) |
+//! | O accumulator    | rows · d_v        | 24 KiB          | 48 KiB           | L2 |
 //!
-//! Everything together stays under ~250 KiB at d = 128 (~450 KiB at d = 256), inside L2. The
-//! score tile's inner loop touches one Qᵀ panel and 6 K rows (< 12 KiB at d = 128): L1.
-//! Larger `kv_block` amortizes the per-block work (the rescale of O costs `rows · d_v` loads and
-//! stores per block against `rows · d_v · kv_block` FMAs: 1% at 96 keys); larger `rows`
-//! amortizes nothing in the inner loops but wastes work on the causal diagonal. Both were swept
-//! on the development machine (see README, "Tuning").
+//! `kv_block` is the largest multiple of 24 keys whose K, V and Sᵀ columns fit half of a
+//! 512 KiB L2, clamped to 48…192, so everything stays inside L2 (≈ 330 KiB at d = 128, and at
+//! d = 256 `kv_block` drops to 96). The score tile's inner loop touches one Qᵀ panel and 6 K
+//! rows (< 12 KiB at d = 128): L1. Larger blocks amortize the per-block work (the rescale of O
+//! costs `rows · d_v` loads and stores per block against `rows · d_v · kv_block` FMAs: 0.5% at
+//! 192 keys); larger `rows` amortizes nothing in the inner loops but wastes work on the causal
+//! diagonal. Rows 48/96 × keys 48/96/192 were swept at n = 1024, d = 64 and 128 on the
+//! development machine: 96 × 192 was best or within noise of it for both head sizes.
 
 use crate::microkernel::{MR, NR};
 use crate::problem::Problem;
 
-/// Stacked query rows per work item the model aims for: 6 output tiles of 16 rows.
+/// Stacked query rows per work item the model aims for: 16 output tiles of 6 rows, 6 score
+/// panels of 16 rows.
 const TARGET_ROWS: usize = 96;
-/// Keys per block: a multiple of the score tile's 6 keys and of the 8 lanes.
-const KV_BLOCK: usize = 96;
+/// Most keys per block; beyond ~200 the per-block overheads are already below 1%.
+const MAX_KV_BLOCK: usize = 192;
+/// Fewest keys per block, so per-block work stays amortized even for huge head sizes.
+const MIN_KV_BLOCK: usize = 48;
+/// Key blocks are multiples of this: the score tile's 6 keys and the 8 lanes.
+const KV_STEP: usize = 24;
+/// Half of a 512 KiB L2: what the per-block buffers may take, leaving the rest to Qᵀ, O and the
+/// K rows streaming through.
+const L2_BUDGET_BYTES: usize = 256 * 1024;
 
 /// Block sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,13 +63,19 @@ impl Blocking {
     pub fn for_problem(problem: &Problem) -> Self {
         let group = problem.group();
         let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, problem.n_q.max(1));
-        debug_assert_eq!(KV_BLOCK % MR, 0);
+        let d_v_pad = problem.d_v.div_ceil(NR) * NR;
+        let rows_pad = (q_rows * group).div_ceil(NR) * NR;
+        // Per key of a block: its K row (read in place), its packed V row and its Sᵀ column.
+        let bytes_per_key = 4 * (problem.d_k + d_v_pad + rows_pad);
+        let kv_block = (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP)
+            .clamp(MIN_KV_BLOCK, MAX_KV_BLOCK);
+        debug_assert_eq!(kv_block % MR, 0);
         Blocking {
             q_rows,
             group,
-            kv_block: KV_BLOCK,
+            kv_block,
             d_k: problem.d_k,
-            d_v_pad: problem.d_v.div_ceil(NR) * NR,
+            d_v_pad,
         }
     }
 
