@@ -162,6 +162,9 @@ pub enum Error {
     },
     /// [`merge_partials`](crate::merge_partials) was given no partial results.
     NoPartials,
+    /// Two options place the diagonal differently (e.g. `causal(TopLeft)` with
+    /// `sliding_window(.., BottomRight)`): one call has one diagonal.
+    ConflictingAlignment,
 }
 
 impl fmt::Display for Error {
@@ -217,6 +220,9 @@ impl fmt::Display for Error {
                 "{operand} tensor: {dim} dimension is {got}, expected {expected} or 1 (broadcast)"
             ),
             Error::NoPartials => f.write_str("merge needs at least one partial result"),
+            Error::ConflictingAlignment => f.write_str(
+                "causal, sliding window and ALiBi must use the same alignment in one call",
+            ),
         }
     }
 }

@@ -50,6 +50,7 @@
 
 mod error;
 mod fused;
+mod merge;
 mod microkernel;
 mod options;
 mod problem;
@@ -57,8 +58,13 @@ pub mod reference;
 mod simd;
 mod tensor;
 
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use error::{Dim, Error, Operand};
-pub use options::{Alignment, Options};
+pub use merge::{merge_partials, Partial};
+pub use options::{alibi_slopes, Alignment, Options};
 pub use simd::{backend, Backend};
 pub use tensor::{Tensor, TensorMut};
 
@@ -78,7 +84,7 @@ pub fn attention(
     k: &Tensor<'_, f32>,
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
-    opts: &Options,
+    opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
     fused::run(&problem, q, k, v, out, None);
@@ -96,7 +102,7 @@ pub fn attention_lse(
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
     lse: &mut [f32],
-    opts: &Options,
+    opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
     fused::run(&problem, q, k, v, out, Some(lse));

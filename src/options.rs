@@ -1,7 +1,20 @@
 //! What to compute besides the plain `softmax(Q·Kᵀ·scale)·V`: a builder whose fields stay
 //! private, so new options never break callers.
+//!
+//! For query row `i` and key `j` of batch `b`, head `h`, the fused kernel and the reference both
+//! compute, in this order (`../shared/NOTES.md` §1):
+//! 1. `s = scale · q_i·k_j`
+//! 2. softcap: `s ← cap · tanh(s / cap)`
+//! 3. ALiBi: `s ← s − slope_h · |i + off − j|`; bias: `s ← s + bias[b, i, h, j]`
+//! 4. visibility: `s ← −∞` unless the key passes every mask in use (causal, window, key length,
+//!    boolean mask)
+//! 5. `p_ij = exp(s_ij − m_i) / (Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`, the sink term `σ_h` only
+//!    with attention sinks
+//! 6. `out_i = Σ_j p_ij · v_j`, `lse_i = m_i + ln(Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`
 
-/// Where the diagonal of a causal mask or a sliding window sits when `n_q ≠ n_kv`.
+use crate::tensor::Tensor;
+
+/// Where the diagonal of a causal mask, a sliding window or ALiBi sits when `n_q ≠ n_kv`.
 ///
 /// Query row `i` is aligned with key `i + off`:
 /// * [`Alignment::TopLeft`]: `off = 0`, PyTorch's `is_causal`. Row 0 sees key 0 only.
@@ -30,24 +43,44 @@ impl Alignment {
 
 /// Options of an attention call, built with chained methods from [`Options::new`].
 ///
+/// Every combination runs in the fused kernel; none falls back to a slower path. Options that
+/// borrow data (key lengths, bias, mask, slopes, sinks) tie the options to that data's
+/// lifetime `'a`. Values are checked when the call runs, which returns a typed
+/// [`Error`](crate::Error) for anything invalid.
+///
 /// ```
 /// use sdpa::{Alignment, Options};
-/// let opts = Options::new().scale(0.125).causal(Alignment::BottomRight);
+/// let slopes = sdpa::alibi_slopes(8);
+/// let opts = Options::new()
+///     .scale(0.125)
+///     .causal(Alignment::BottomRight)
+///     .sliding_window(4096, 0, Alignment::BottomRight)
+///     .softcap(50.0)
+///     .alibi(&slopes, Alignment::BottomRight);
 /// assert_eq!(opts.scale_value(), Some(0.125));
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub struct Options<'a> {
     pub(crate) scale: Option<f32>,
     pub(crate) causal: Option<Alignment>,
+    pub(crate) window: Option<(usize, usize, Alignment)>,
+    pub(crate) kv_lens: Option<&'a [usize]>,
+    pub(crate) bias: Option<Tensor<'a, f32>>,
+    pub(crate) mask: Option<Tensor<'a, bool>>,
+    pub(crate) alibi: Option<(&'a [f32], Alignment)>,
+    pub(crate) softcap: Option<f32>,
+    pub(crate) sinks: Option<&'a [f32]>,
+    pub(crate) tile_counter: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
-impl Options {
+impl<'a> Options<'a> {
     /// Plain, unmasked attention with the default scale `1/√d_k`.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Multiply `Q·Kᵀ` by `scale` instead of `1/√d_k`. Must be finite (checked by the call).
+    /// Multiply `Q·Kᵀ` by `scale` instead of `1/√d_k`. Must be finite
+    /// ([`Error::InvalidScale`](crate::Error::InvalidScale) otherwise).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
@@ -60,6 +93,73 @@ impl Options {
         self
     }
 
+    /// Sliding-window (local) attention, Mistral style: row `i` sees key `j` only if
+    /// `i + off − left ≤ j ≤ i + off + right`. With [`Options::causal`] the effective right
+    /// bound is 0 (pass `right = 0`). `usize::MAX` leaves that side unbounded. Key blocks
+    /// entirely outside the window are skipped, so the cost grows as `n_q · (left + right)`,
+    /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an
+    /// [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment).
+    pub fn sliding_window(mut self, left: usize, right: usize, alignment: Alignment) -> Self {
+        self.window = Some((left, right, alignment));
+        self
+    }
+
+    /// Per-sequence key lengths (padding, a partially filled KV cache): in batch `b`, keys
+    /// `j ≥ kv_lens[b]` are invisible. Needs one entry per batch and `kv_lens[b] ≤ n_kv`.
+    /// Key blocks past the length are skipped.
+    pub fn kv_lens(mut self, kv_lens: &'a [usize]) -> Self {
+        self.kv_lens = Some(kv_lens);
+        self
+    }
+
+    /// An additive bias on the scores, read as `bias[b, i, h, j]` through a view with logical
+    /// dims `[batch, n_q, heads, n_kv]`. Each dim must match or be 1; a dim of size 1 (or any
+    /// stride 0) broadcasts, so one mask for all heads or one per batch needs no copy. Added
+    /// after the softcap, before masking; `−∞` entries hide keys.
+    pub fn bias(mut self, bias: Tensor<'a, f32>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// A boolean mask, `true` = visible, read as `mask[b, i, h, j]` with the same broadcasting
+    /// as [`Options::bias`]. Equivalent to a bias of 0 / `−∞`.
+    pub fn mask(mut self, mask: Tensor<'a, bool>) -> Self {
+        self.mask = Some(mask);
+        self
+    }
+
+    /// ALiBi (Press et al., 2022): subtract `slope_h · |i + off − j|` from the scores of head
+    /// `h`, with `off` given by the [`Alignment`]. `slopes` has one finite entry per query head;
+    /// [`alibi_slopes`] computes the standard ones.
+    pub fn alibi(mut self, slopes: &'a [f32], alignment: Alignment) -> Self {
+        self.alibi = Some((slopes, alignment));
+        self
+    }
+
+    /// Logit soft-capping (Gemma 2): `s ← cap · tanh(s / cap)` on the scaled score, before bias
+    /// and masking. `cap` must be finite and positive.
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// Attention sinks (gpt-oss): one logit `σ_h` per query head that joins the softmax
+    /// denominator only, `+ exp(σ_h − m_i)`, as if a key with score `σ_h` and value 0 were
+    /// always visible. The LSE output includes it; a row with no visible key then has output 0
+    /// and `lse = σ_h`. `σ_h = −∞` disables the sink of head `h`; NaN is an error.
+    pub fn sinks(mut self, sinks: &'a [f32]) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// Test hook: the fused kernel adds the number of score tiles (6 keys × up to 16 stacked
+    /// query rows) it computes to `counter`, so tests can check that masked blocks are skipped.
+    #[doc(hidden)]
+    pub fn count_score_tiles(mut self, counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        self.tile_counter = Some(counter);
+        self
+    }
+
     /// The scale set with [`Options::scale`], if any.
     pub fn scale_value(&self) -> Option<f32> {
         self.scale
@@ -68,5 +168,47 @@ impl Options {
     /// The causal alignment set with [`Options::causal`], if any.
     pub fn causal_alignment(&self) -> Option<Alignment> {
         self.causal
+    }
+}
+
+/// The standard ALiBi slopes for `heads` heads, as in the original paper (Press et al., 2022,
+/// "Train Short, Test Long") and its reference code: for a power of two `n`, head `h` (from 0)
+/// gets `2^(−8(h+1)/n)`. For other head counts, take the slopes of the largest power of two
+/// `n ≤ heads`, then append the even-indexed (0, 2, 4, …) slopes of `2n` until there are `heads`
+/// of them.
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    fn power_of_two(n: usize) -> Vec<f64> {
+        (1..=n)
+            .map(|h| (-8.0 * h as f64 / n as f64).exp2())
+            .collect()
+    }
+    if heads == 0 {
+        return Vec::new();
+    }
+    let n = 1usize << heads.ilog2();
+    let mut slopes = power_of_two(n);
+    slopes.extend(power_of_two(2 * n).into_iter().step_by(2).take(heads - n));
+    slopes.into_iter().map(|s| s as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alibi_slopes_match_the_paper() {
+        // n = 8: 1/2, 1/4, …, 1/256.
+        let s8 = alibi_slopes(8);
+        let want: Vec<f32> = (1..=8).map(|h| 0.5f32.powi(h)).collect();
+        assert_eq!(s8, want);
+        // n = 12: the 8 above, then slopes 0, 2, 4, 6 of n = 16 (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5).
+        let s12 = alibi_slopes(12);
+        assert_eq!(&s12[..8], &want[..]);
+        for (k, &s) in s12[8..].iter().enumerate() {
+            let e = -0.5 - k as f64;
+            assert!((f64::from(s) - e.exp2()).abs() < 1e-7, "{k}: {s}");
+        }
+        assert_eq!(alibi_slopes(1), vec![2f32.powi(-8)]);
+        assert!(alibi_slopes(0).is_empty());
     }
 }

@@ -2,13 +2,69 @@
 //! the options, reduced to a [`Problem`] that both the fused kernel and the reference read.
 
 use crate::error::{Dim, Error, Operand};
-use crate::options::Options;
-use crate::tensor::Tensor;
+use crate::options::{Alignment, Options};
+use crate::tensor::{offset, Tensor};
+use std::sync::atomic::AtomicU64;
+
+/// A bias or mask view with broadcast dims (size 1) turned into stride 0, indexed
+/// `[b, i, h, j]` for any index inside the problem's `[batch, n_q, heads, n_kv]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Broadcast<'a, T> {
+    pub data: &'a [T],
+    pub strides: [usize; 4],
+}
+
+impl<T: Copy> Broadcast<'_, T> {
+    /// The value for `[b, i, h, j]` (in range by construction, see [`Problem::new`]).
+    #[inline]
+    pub fn at(&self, index: [usize; 4]) -> T {
+        self.data[offset(index, self.strides)]
+    }
+}
+
+/// Checks that `t` broadcasts to `want` and returns it with broadcast strides.
+fn broadcast<'a, T>(
+    t: &Tensor<'a, T>,
+    want: [usize; 4],
+    operand: Operand,
+) -> Result<Broadcast<'a, T>, Error> {
+    let mut strides = t.strides();
+    for (k, dim) in Dim::ALL.into_iter().enumerate() {
+        let got = t.dims()[k];
+        if got == 1 {
+            strides[k] = 0;
+        } else if got != want[k] {
+            return Err(Error::NotBroadcastable {
+                operand,
+                dim,
+                expected: want[k],
+                got,
+            });
+        }
+    }
+    Ok(Broadcast {
+        data: t.data(),
+        strides,
+    })
+}
+
+/// Checks that a per-head or per-batch slice has `len` entries.
+fn check_len<T>(s: &[T], len: usize, operand: Operand) -> Result<(), Error> {
+    if s.len() == len {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            operand,
+            expected: len,
+            got: s.len(),
+        })
+    }
+}
 
 /// The validated sizes and semantics of one call. Everything the kernels need to know about
 /// *what* to compute, nothing about *how*.
 #[derive(Debug, Clone)]
-pub(crate) struct Problem {
+pub(crate) struct Problem<'a> {
     pub batch: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -17,15 +73,25 @@ pub(crate) struct Problem {
     pub d_k: usize,
     pub d_v: usize,
     pub scale: f32,
-    /// Key index aligned with query row 0 (`off`), when a diagonal (causal) applies.
+    /// Key index aligned with query row 0 (`off`) for the diagonal of causal, window and ALiBi.
     pub diag_offset: i64,
     /// Keys visible after the diagonal: row `i` sees `j ≤ i + off + right`. `None`: unbounded.
     pub right: Option<usize>,
     /// Keys visible before the diagonal: row `i` sees `j ≥ i + off − left`. `None`: unbounded.
     pub left: Option<usize>,
+    /// Per-batch key lengths (all `≤ n_kv`).
+    pub kv_lens: Option<&'a [usize]>,
+    pub bias: Option<Broadcast<'a, f32>>,
+    pub mask: Option<Broadcast<'a, bool>>,
+    /// ALiBi slope per query head.
+    pub alibi: Option<&'a [f32]>,
+    pub softcap: Option<f32>,
+    /// Sink logit per query head.
+    pub sinks: Option<&'a [f32]>,
+    pub tile_counter: Option<&'a AtomicU64>,
 }
 
-impl Problem {
+impl<'a> Problem<'a> {
     /// Query heads per key/value head.
     pub fn group(&self) -> usize {
         self.heads / self.kv_heads
@@ -36,20 +102,31 @@ impl Problem {
         h / self.group()
     }
 
-    /// Whether key `j` is visible from query row `i` of batch `b` (the literal definition; the
-    /// reference uses it element by element).
-    pub fn is_visible(&self, _b: usize, i: usize, j: usize) -> bool {
-        let center = i as i64 + self.diag_offset;
-        let j = j as i64;
-        let before_right_edge = self.right.is_none_or(|r| j <= center + r as i64);
-        let after_left_edge = self.left.is_none_or(|l| j >= center - l as i64);
-        before_right_edge && after_left_edge
+    /// The number of keys of batch `b` (its key length, or `n_kv`).
+    pub fn kv_len(&self, b: usize) -> usize {
+        self.kv_lens.map_or(self.n_kv, |l| l[b])
     }
 
-    /// The half-open range `[lo, hi)` of keys visible from row `i` of batch `b`: causal and
-    /// window bounds around the diagonal, clamped to `[0, n_kv)`. Empty when `lo ≥ hi`.
-    pub fn visible_keys(&self, _b: usize, i: usize) -> (usize, usize) {
-        let n_kv = self.n_kv as i64;
+    /// Whether key `j` passes the causal, window and key-length masks for row `i` of batch `b`
+    /// (the literal definition; the reference uses it element by element). The boolean mask
+    /// and `−∞` biases are applied separately, per head.
+    pub fn is_visible(&self, b: usize, i: usize, j: usize) -> bool {
+        let center = i as i64 + self.diag_offset;
+        let j = j as i64;
+        let before_right_edge = self
+            .right
+            .is_none_or(|r| j <= center.saturating_add(r as i64));
+        let after_left_edge = self
+            .left
+            .is_none_or(|l| j >= center.saturating_sub(l as i64));
+        before_right_edge && after_left_edge && j < self.kv_len(b) as i64
+    }
+
+    /// The half-open range `[lo, hi)` of keys that pass the causal, window and key-length masks
+    /// for row `i` of batch `b`. Empty when `lo ≥ hi`. The fused kernel skips key blocks
+    /// outside it.
+    pub fn visible_keys(&self, b: usize, i: usize) -> (usize, usize) {
+        let n_kv = self.kv_len(b) as i64;
         let center = i as i64 + self.diag_offset;
         let hi = match self.right {
             Some(r) => center.saturating_add(r as i64).saturating_add(1).min(n_kv),
@@ -60,18 +137,18 @@ impl Problem {
             None => 0,
         };
         let hi = hi.max(0) as usize;
-        let lo = (lo.min(n_kv)) as usize;
+        let lo = lo.min(n_kv) as usize;
         (lo, hi.max(lo))
     }
 
-    /// Validates the operands of a call and the options.
+    /// Validates the operands of a call (`out_dims`: the output's logical dims) and the options.
     pub fn new(
         q: &Tensor<'_, f32>,
         k: &Tensor<'_, f32>,
         v: &Tensor<'_, f32>,
         out_dims: [usize; 4],
         lse: Option<&[f32]>,
-        opts: &Options,
+        opts: &Options<'a>,
     ) -> Result<Self, Error> {
         let [batch, n_q, heads, d_k] = q.dims();
         let [_, n_kv, kv_heads, _] = k.dims();
@@ -99,30 +176,91 @@ impl Problem {
             return Err(Error::ZeroHeadDim);
         }
         if let Some(lse) = lse {
+            // The output view holds batch·n_q·heads·d_v elements, but with d_v = 0 the product
+            // below can still overflow; a slice that long cannot exist, so report usize::MAX.
             let expected = batch
                 .checked_mul(heads)
                 .and_then(|x| x.checked_mul(n_q))
-                .ok_or(Error::LengthMismatch {
-                    operand: Operand::Lse,
-                    expected: usize::MAX,
-                    got: lse.len(),
-                })?;
-            if lse.len() != expected {
-                return Err(Error::LengthMismatch {
-                    operand: Operand::Lse,
-                    expected,
-                    got: lse.len(),
-                });
-            }
+                .unwrap_or(usize::MAX);
+            check_len(lse, expected, Operand::Lse)?;
         }
         let scale = opts.scale.unwrap_or(1.0 / (d_k as f32).sqrt());
         if !scale.is_finite() {
             return Err(Error::InvalidScale(scale));
         }
-        let (diag_offset, right) = match opts.causal {
-            Some(a) => (a.offset(n_q, n_kv), Some(0)),
-            None => (0, None),
+
+        // One diagonal for causal, window and ALiBi.
+        let alignments = [
+            opts.causal,
+            opts.window.map(|w| w.2),
+            opts.alibi.map(|a| a.1),
+        ];
+        let mut alignment: Option<Alignment> = None;
+        for a in alignments.into_iter().flatten() {
+            if alignment.is_some_and(|b| b != a) {
+                return Err(Error::ConflictingAlignment);
+            }
+            alignment = Some(a);
+        }
+        let diag_offset = alignment.map_or(0, |a| a.offset(n_q, n_kv));
+        let bounded = |x: usize| (x != usize::MAX).then_some(x);
+        let mut right = opts.causal.map(|_| 0);
+        let mut left = None;
+        if let Some((l, r, _)) = opts.window {
+            right = Some(right.map_or(r, |c: usize| c.min(r))).and_then(bounded);
+            left = bounded(l);
+        }
+
+        if let Some(lens) = opts.kv_lens {
+            check_len(lens, batch, Operand::KvLens)?;
+            if let Some(index) = lens.iter().position(|&l| l > n_kv) {
+                return Err(Error::InvalidValue {
+                    operand: Operand::KvLens,
+                    index,
+                    reason: "key length exceeds n_kv",
+                });
+            }
+        }
+        let want = [batch, n_q, heads, n_kv];
+        let bias = opts
+            .bias
+            .as_ref()
+            .map(|t| broadcast(t, want, Operand::Bias))
+            .transpose()?;
+        let mask = opts
+            .mask
+            .as_ref()
+            .map(|t| broadcast(t, want, Operand::Mask))
+            .transpose()?;
+        let per_head = |s: &[f32], operand: Operand, reason: &'static str, ok: fn(f32) -> bool| {
+            check_len(s, heads, operand)?;
+            match s.iter().position(|&x| !ok(x)) {
+                Some(index) => Err(Error::InvalidValue {
+                    operand,
+                    index,
+                    reason,
+                }),
+                None => Ok(()),
+            }
         };
+        if let Some((slopes, _)) = opts.alibi {
+            per_head(
+                slopes,
+                Operand::AlibiSlopes,
+                "slope is not finite",
+                f32::is_finite,
+            )?;
+        }
+        if let Some(sinks) = opts.sinks {
+            per_head(sinks, Operand::Sinks, "sink logit is NaN or +inf", |x| {
+                x < f32::INFINITY
+            })?;
+        }
+        if let Some(cap) = opts.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(Error::InvalidSoftcap(cap));
+            }
+        }
         Ok(Problem {
             batch,
             heads,
@@ -134,7 +272,14 @@ impl Problem {
             scale,
             diag_offset,
             right,
-            left: None,
+            left,
+            kv_lens: opts.kv_lens,
+            bias,
+            mask,
+            alibi: opts.alibi.map(|a| a.0),
+            softcap: opts.softcap,
+            sinks: opts.sinks,
+            tile_counter: opts.tile_counter,
         })
     }
 }

@@ -2,13 +2,17 @@
 //!
 //! For every (batch, head) it materializes the full `n_q × n_kv` score matrix, then
 //! 1. `s_ij = scale · (q_i · k_j)`,
-//! 2. marks invisible scores `−∞` (causal diagonal, element by element),
-//! 3. takes the row softmax `p_ij = exp(s_ij − m_i) / Σ_j exp(s_ij − m_i)`,
-//! 4. and the weighted sum `out_i = Σ_{visible j} p_ij · v_j`, `lse_i = m_i + ln Σ_j exp(s_ij − m_i)`.
+//! 2. softcap `cap · tanh(s/cap)`, then ALiBi `− slope_h·|i + off − j|` and the bias,
+//! 3. marks invisible scores `−∞` (causal, window, key length, boolean mask; element by element),
+//! 4. takes the row softmax `p_ij = exp(s_ij − m_i) / (Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`
+//!    (the sink term only with sinks),
+//! 5. and the weighted sum `out_i = Σ_{visible j} p_ij · v_j`,
+//!    `lse_i = m_i + ln(Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`.
 //!
 //! Clarity over speed: it is the oracle every fast path is tested against, and its memory grows
 //! as `n_q · n_kv`. Rows with no visible key get output 0 and `lse = −∞`; NaN inputs propagate to
-//! every output they touch (a NaN in `v_j` reaches exactly the rows that see key `j`).
+//! every output they touch (a NaN in `v_j` reaches exactly the rows that give key `j` a non-zero
+//! weight).
 
 use crate::error::Error;
 use crate::options::Options;
@@ -25,7 +29,7 @@ pub fn attention(
     k: &Tensor<'_, f32>,
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
-    opts: &Options,
+    opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
     run(&problem, q, k, v, out, None);
@@ -43,7 +47,7 @@ pub fn attention_lse(
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
     lse: &mut [f32],
-    opts: &Options,
+    opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
     run(&problem, q, k, v, out, Some(lse));
@@ -77,18 +81,40 @@ fn run(
                     scores[i * p.n_kv + j] = scale * dot;
                 }
             }
-            // 2. Visibility.
+            // 2. Softcap, then the additive terms (ALiBi, bias).
+            let off = p.diag_offset as f64;
             for i in 0..p.n_q {
                 for j in 0..p.n_kv {
-                    if !p.is_visible(b, i, j) {
+                    let s = &mut scores[i * p.n_kv + j];
+                    if let Some(cap) = p.softcap {
+                        let cap = f64::from(cap);
+                        *s = cap * (*s / cap).tanh();
+                    }
+                    if let Some(slopes) = p.alibi {
+                        *s -= f64::from(slopes[h]) * (i as f64 + off - j as f64).abs();
+                    }
+                    if let Some(bias) = &p.bias {
+                        *s += f64::from(bias.at([b, i, h, j]));
+                    }
+                }
+            }
+            // 3. Visibility: causal, window, key length, boolean mask.
+            let visible = |i: usize, j: usize| {
+                p.is_visible(b, i, j) && p.mask.as_ref().is_none_or(|m| m.at([b, i, h, j]))
+            };
+            for i in 0..p.n_q {
+                for j in 0..p.n_kv {
+                    if !visible(i, j) {
                         scores[i * p.n_kv + j] = f64::NEG_INFINITY;
                     }
                 }
             }
+            let sink = p.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h]));
             for i in 0..p.n_q {
                 let row = &mut scores[i * p.n_kv..(i + 1) * p.n_kv];
-                // 3. Row softmax. `fold(max)` would drop NaN; keep it so it propagates.
-                let m = row.iter().copied().fold(f64::NEG_INFINITY, |m, s| {
+                // 4. Row softmax, the sink logit joining the max and the denominator only.
+                //    `fold(max)` would drop NaN; keep it so it propagates.
+                let m = row.iter().copied().fold(sink, |m, s| {
                     if s.is_nan() || m.is_nan() {
                         f64::NAN
                     } else {
@@ -96,7 +122,11 @@ fn run(
                     }
                 });
                 let visible_any = m > f64::NEG_INFINITY || m.is_nan();
-                let mut sum = 0.0;
+                let mut sum = if sink > f64::NEG_INFINITY {
+                    (sink - m).exp()
+                } else {
+                    0.0
+                };
                 for s in row.iter_mut() {
                     *s = if *s == f64::NEG_INFINITY {
                         0.0
@@ -105,12 +135,12 @@ fn run(
                     };
                     sum += *s;
                 }
-                // 4. Weighted sum over the visible keys.
+                // 5. Weighted sum over the visible keys.
                 for c in 0..p.d_v {
                     let mut acc = 0.0;
                     if visible_any {
                         for (j, &w) in row.iter().enumerate() {
-                            if p.is_visible(b, i, j) {
+                            if visible(i, j) {
                                 acc += w * at(v, [b, j, hk, c]);
                             }
                         }
@@ -161,18 +191,20 @@ fn gamma(n: usize) -> f64 {
 ///
 /// Derivation (worst case, f32 unit roundoff `u = 2⁻²⁴`), for row `i` with visible keys `J`:
 /// 1. Each score is an f32 dot product of `d_k` terms with `q` pre-scaled by one rounded
-///    multiply: `|s̃_ij − s_ij| ≤ γ_{d_k+2} · |scale| · Σ_p |q_ip k_jp|`. Subtracting the running
-///    max and rounding the log2-domain score add `2u · (|s_ij| + |m_i|)` each. Call the largest
-///    total over `j ∈ J` `Δ`.
+///    multiply: `|s̃_ij − s_ij| ≤ γ_{d_k+2} · |scale| · Σ_p |q_ip k_jp|`. A softcap adds
+///    `cap · (2e-7 + 4u)` (tanh is 1-Lipschitz, evaluated through `2^x`); ALiBi and bias terms
+///    add `3u` of their magnitude. Subtracting the running max and rounding the log2-domain
+///    score add `2u · (|s_ij| + |m_i|)`. Call the largest total over `j ∈ J` (and the sink) `Δ`.
 /// 2. Each weight `exp(s̃ − m̃)` is then off by a factor within `e^{±Δ}`, and the polynomial
 ///    `2^x` adds a relative `2e-7`: per weight relative error `θ = e^Δ − 1 + 2e-7`.
 /// 3. Normalizing weights that are each off by at most `θ` moves the convex combination
 ///    `Σ p_j v_j` by at most `2θ/(1 − θ) · max_{j∈J} ‖v_j‖_∞`.
-/// 4. Accumulating `n = |J|` weighted values and weights in f32 adds `γ_n` on each sum, and the
+/// 4. Accumulating `n = |J|` weighted values and weights (plus one for a sink, which acts as a
+///    key of value 0) in f32 adds `γ_n` on each sum, and the
 ///    final division and f32 rounding of the reference add `2u`, all relative to `max ‖v_j‖_∞`.
 ///
 /// So `out ≤ max‖v‖ · (2θ/(1−θ) + 2γ_n + 2u)` and `lse ≤ Δ + θ + γ_n + u·|lse|`.
-/// Rows with no visible key get 0 (the fused kernel writes exactly 0 and −∞ there).
+/// Rows with no visible key and no sink get 0 (the fused kernel writes exactly 0 and −∞ there).
 /// The bound is NaN where inputs are NaN; non-finite inputs follow the documented semantics
 /// instead.
 ///
@@ -182,48 +214,81 @@ pub fn error_bounds(
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
     v: &Tensor<'_, f32>,
-    opts: &Options,
+    opts: &Options<'_>,
 ) -> Result<Vec<ErrorBound>, Error> {
     let [batch, n_q, heads, _] = q.dims();
     let d_v = v.dims()[3];
     let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
     let scale = f64::from(p.scale).abs();
+    let off = p.diag_offset as f64;
     let mut bounds = Vec::with_capacity(batch * heads * n_q);
     for b in 0..p.batch {
         for h in 0..p.heads {
             let hk = p.kv_head(h);
+            let sink = p.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h]));
             for i in 0..p.n_q {
-                let mut delta = 0.0f64;
                 let mut v_max = 0.0f64;
-                let mut s_max = f64::NEG_INFINITY;
+                let mut s_max = sink;
                 let mut n = 0usize;
+                // (score, its own rounding error) per visible key.
                 let mut scores = Vec::new();
-                for j in (0..p.n_kv).filter(|&j| p.is_visible(b, i, j)) {
-                    n += 1;
+                for j in 0..p.n_kv {
+                    if !p.is_visible(b, i, j)
+                        || p.mask.as_ref().is_some_and(|m| !m.at([b, i, h, j]))
+                    {
+                        continue;
+                    }
                     let (mut dot, mut abs) = (0.0, 0.0);
                     for c in 0..p.d_k {
                         let x = at(q, [b, i, h, c]) * at(k, [b, j, hk, c]);
                         dot += x;
                         abs += x.abs();
                     }
-                    let s = f64::from(p.scale) * dot;
+                    let mut s = f64::from(p.scale) * dot;
+                    let mut e = gamma(p.d_k + 2) * scale * abs;
+                    if let Some(cap) = p.softcap {
+                        // tanh is 1-Lipschitz, so e does not grow; evaluating it through the
+                        // polynomial 2^x and a division adds ~EXP2_REL + 4u relative to cap.
+                        let cap = f64::from(cap);
+                        s = cap * (s / cap).tanh();
+                        e += cap * (EXP2_REL + 4.0 * U);
+                    }
+                    let mut additive = 0.0f64;
+                    if let Some(slopes) = p.alibi {
+                        additive -= f64::from(slopes[h]) * (i as f64 + off - j as f64).abs();
+                    }
+                    if let Some(bias) = &p.bias {
+                        additive += f64::from(bias.at([b, i, h, j]));
+                    }
+                    // Each additive term is rounded to f32, scaled by log2(e) and added: 3u.
+                    e += 3.0 * U * additive.abs();
+                    s += additive;
+                    if s == f64::NEG_INFINITY {
+                        continue; // a −∞ bias hides the key exactly on both paths
+                    }
+                    n += 1;
                     s_max = s_max.max(s);
-                    scores.push((s, gamma(p.d_k + 2) * scale * abs));
+                    scores.push((s, e));
                     for c in 0..p.d_v {
                         v_max = v_max.max(at(v, [b, j, hk, c]).abs());
                     }
                 }
+                let mut delta = 0.0f64;
                 for (s, e) in scores {
                     delta = delta.max(e + 2.0 * U * (s.abs() + s_max.abs()));
                 }
+                if sink > f64::NEG_INFINITY {
+                    delta = delta.max(3.0 * U * (sink.abs() + s_max.abs()));
+                }
                 let theta = delta.exp_m1() + EXP2_REL;
-                let lse_mag = s_max.abs() + (n.max(1) as f64).ln();
-                bounds.push(if n == 0 {
+                let terms = n + usize::from(sink > f64::NEG_INFINITY);
+                let lse_mag = s_max.abs() + (terms.max(1) as f64).ln();
+                bounds.push(if terms == 0 {
                     ErrorBound { out: 0.0, lse: 0.0 }
                 } else {
                     ErrorBound {
-                        out: v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(n) + 2.0 * U),
-                        lse: delta + theta + gamma(n) + U * lse_mag,
+                        out: v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(terms) + 2.0 * U),
+                        lse: delta + theta + gamma(terms) + U * lse_mag,
                     }
                 });
             }

@@ -35,7 +35,7 @@ fn is_injective(dims: [usize; 4], strides: [usize; 4]) -> bool {
             return false;
         }
         // Cannot overflow: `required_len` already checked the full span.
-        extent = strides[i] * (dims[i] - 1) + extent;
+        extent += strides[i] * (dims[i] - 1);
     }
     true
 }

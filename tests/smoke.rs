@@ -127,3 +127,92 @@ fn smoke() {
     );
     check(1, 1, 1, 5, 0, 8, 8, Options::new());
 }
+
+#[test]
+fn smoke_variants() {
+    let slopes8 = sdpa::alibi_slopes(8);
+    let sinks8: Vec<f32> = (0..8).map(|h| h as f32 * 0.3 - 1.0).collect();
+    let lens = [150usize, 37];
+    let bias_data: Vec<f32> = (0..130 * 200)
+        .map(|x| ((x * 7919) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let bias = Tensor::new(&bias_data, [1, 130, 1, 200], [0, 200, 0, 1]).unwrap();
+    let mask_data: Vec<bool> = (0..2 * 200).map(|x| (x * 31) % 7 != 0).collect();
+    let mask = Tensor::new(&mask_data, [2, 1, 1, 200], [200, 0, 0, 1]).unwrap();
+    check(
+        2,
+        8,
+        2,
+        130,
+        200,
+        64,
+        64,
+        Options::new().sliding_window(20, 5, Alignment::TopLeft),
+    );
+    check(
+        2,
+        8,
+        2,
+        130,
+        200,
+        64,
+        64,
+        Options::new()
+            .causal(Alignment::BottomRight)
+            .sliding_window(30, 0, Alignment::BottomRight),
+    );
+    check(2, 8, 2, 130, 200, 64, 64, Options::new().kv_lens(&lens));
+    check(2, 8, 2, 130, 200, 64, 64, Options::new().bias(bias));
+    check(2, 8, 2, 130, 200, 64, 64, Options::new().mask(mask));
+    check(
+        2,
+        8,
+        2,
+        130,
+        200,
+        64,
+        64,
+        Options::new().alibi(&slopes8, Alignment::BottomRight),
+    );
+    check(2, 8, 2, 130, 200, 64, 64, Options::new().softcap(0.5));
+    check(2, 8, 2, 130, 200, 64, 64, Options::new().sinks(&sinks8));
+    check(
+        2,
+        8,
+        2,
+        130,
+        200,
+        64,
+        64,
+        Options::new()
+            .sinks(&sinks8)
+            .causal(Alignment::TopLeft)
+            .kv_lens(&lens)
+            .bias(bias)
+            .mask(mask)
+            .alibi(&slopes8, Alignment::TopLeft)
+            .softcap(2.0)
+            .sliding_window(50, 3, Alignment::TopLeft),
+    );
+    // decode shape: split-KV path
+    check(
+        1,
+        8,
+        2,
+        1,
+        5000,
+        128,
+        128,
+        Options::new().causal(Alignment::BottomRight),
+    );
+    check(
+        2,
+        8,
+        2,
+        3,
+        4100,
+        64,
+        32,
+        Options::new().sinks(&sinks8).kv_lens(&[4100, 1000]),
+    );
+}

@@ -42,6 +42,13 @@ const KV_STEP: usize = 24;
 /// K rows streaming through.
 const L2_BUDGET_BYTES: usize = 256 * 1024;
 
+/// Work units the scheduler aims for at least: enough for every core of a large server to get
+/// a few, so that decode (few query rows, long KV) still spreads over all threads.
+const MIN_WORK_UNITS: usize = 32;
+/// Fewest keys worth a split of their own: below this, the fixed cost of a work item (packing
+/// Q, writing a partial, merging) stops being negligible.
+const MIN_KEYS_PER_SPLIT: usize = 1024;
+
 /// Block sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Blocking {
@@ -67,8 +74,8 @@ impl Blocking {
         let rows_pad = (q_rows * group).div_ceil(NR) * NR;
         // Per key of a block: its K row (read in place), its packed V row and its Sᵀ column.
         let bytes_per_key = 4 * (problem.d_k + d_v_pad + rows_pad);
-        let kv_block = (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP)
-            .clamp(MIN_KV_BLOCK, MAX_KV_BLOCK);
+        let kv_block =
+            (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK);
         debug_assert_eq!(kv_block % MR, 0);
         Blocking {
             q_rows,
@@ -77,6 +84,19 @@ impl Blocking {
             d_k: problem.d_k,
             d_v_pad,
         }
+    }
+
+    /// How many key ranges each work item is split into (split-KV, FlashDecoding-style): more
+    /// than one only when there are too few (batch, kv head, query block) items to occupy the
+    /// threads, as in decode. Shape-only, like everything here; at most `MIN_WORK_UNITS` units
+    /// in all, which bounds the partial results' memory by 32 items' accumulators.
+    pub fn kv_splits(&self, problem: &Problem, items: usize) -> usize {
+        if items >= MIN_WORK_UNITS {
+            return 1;
+        }
+        (MIN_WORK_UNITS / items.max(1))
+            .min(problem.n_kv / MIN_KEYS_PER_SPLIT)
+            .max(1)
     }
 
     /// Stacked rows per work item.

@@ -13,6 +13,7 @@ use crate::simd::{dispatch, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
 use blocking::Blocking;
 use rayon::prelude::*;
+use std::sync::atomic::Ordering;
 use stream::{stream, Item, Operands, Scratch};
 
 /// Writes output rows and LSE values from several threads at once.
@@ -50,18 +51,38 @@ impl RowWriter {
         }
     }
 
-    /// Writes `out[b, i, h, ..] = o / l` (0 when `l = 0`) and `lse[b][h][i] = (m + log₂ l)·ln 2`
-    /// (−∞ when `l = 0`).
+    /// Writes one finished row: `out[b, i, h, ..]` and `lse[b][h][i]` from the row's
+    /// unnormalized accumulator `o`, max `m` and sum `l` (log2 domain), adding the attention
+    /// sink `sink2 = σ_h·log₂e` (or −∞) to the denominator:
+    /// `M = max(m, sink2)`, `L = l·2^(m−M) + 2^(sink2−M)`, `out = o·2^(m−M) / L`,
+    /// `lse = (M + log₂ L)·ln 2`; a row with `L = 0` gets 0 and −∞.
     ///
     /// # Safety
     /// No other thread may write row `(b, i, h)` concurrently. Indices must be inside the dims;
     /// then every offset is inside the slices, because `TensorMut` validated the view
     /// (largest reachable index < len) and that it is injective (distinct rows never share
     /// an element), and the LSE slice was checked to hold `batch · heads · n_q` values.
-    unsafe fn write_row(&self, b: usize, i: usize, h: usize, o: &[f32], m: f32, l: f32) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn write_row(
+        &self,
+        b: usize,
+        i: usize,
+        h: usize,
+        o: &[f32],
+        m: f32,
+        l: f32,
+        sink2: f32,
+    ) {
         let [_, n_q, heads, d_v] = self.dims;
         debug_assert!(b < self.dims[0] && i < n_q && h < heads && o.len() >= d_v);
-        let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+        let top = m.max(sink2);
+        let (o_scale, l) = if sink2 == f32::NEG_INFINITY {
+            (1.0, l)
+        } else {
+            let o_scale = (m - top).exp2();
+            (o_scale, l * o_scale + (sink2 - top).exp2())
+        };
+        let inv = if l == 0.0 { 0.0 } else { o_scale / l };
         let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
         for (x, &ox) in o[..d_v].iter().enumerate() {
             // SAFETY: see the function's contract.
@@ -73,7 +94,7 @@ impl RowWriter {
             let value = if l == 0.0 {
                 f32::NEG_INFINITY
             } else {
-                (m + l.log2()) * std::f32::consts::LN_2
+                (top + l.log2()) * std::f32::consts::LN_2
             };
             // SAFETY: see the function's contract.
             unsafe { *self.lse.add(idx) = value };
@@ -98,7 +119,7 @@ impl Kernel for ItemKernel<'_, '_> {
 
 /// Computes attention for a validated problem with the fused kernel.
 pub(crate) fn run(
-    problem: &Problem,
+    problem: &Problem<'_>,
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
     v: &Tensor<'_, f32>,
@@ -119,37 +140,107 @@ pub(crate) fn run(
     let writer = RowWriter::new(out, lse);
     let q_blocks = problem.n_q.div_ceil(blocking.q_rows);
     let n_items = problem.batch * problem.kv_heads * q_blocks;
+    let splits = blocking.kv_splits(problem, n_items);
+    let item = |index: usize, split: usize| {
+        let q_block = index % q_blocks;
+        let kv_head = (index / q_blocks) % problem.kv_heads;
+        let batch = index / (q_blocks * problem.kv_heads);
+        let q_start = q_block * blocking.q_rows;
+        let chunk = problem.n_kv.div_ceil(splits);
+        Item {
+            batch,
+            kv_head,
+            q_start,
+            q_len: blocking.q_rows.min(problem.n_q - q_start),
+            kv_start: (split * chunk).min(problem.n_kv),
+            kv_end: ((split + 1) * chunk).min(problem.n_kv),
+        }
+    };
+    let sink2 = |h: usize| {
+        problem
+            .sinks
+            .map_or(f32::NEG_INFINITY, |s| s[h] * std::f32::consts::LOG2_E)
+    };
+    let count_tiles = |scratch: &mut Scratch| {
+        if let Some(counter) = problem.tile_counter {
+            counter.fetch_add(std::mem::take(&mut scratch.tiles), Ordering::Relaxed);
+        }
+    };
     let group = blocking.group;
     let d_vp = blocking.d_v_pad;
 
-    (0..n_items).into_par_iter().for_each_init(
+    if splits == 1 {
+        (0..n_items).into_par_iter().for_each_init(
+            || Scratch::new(&blocking),
+            |scratch, index| {
+                let item = item(index, 0);
+                dispatch(ItemKernel {
+                    ops: &ops,
+                    item: &item,
+                    scratch,
+                });
+                count_tiles(scratch);
+                for r in 0..item.rows(group) {
+                    let (h, i) = item.row_origin(group, r);
+                    let o = &scratch.o[r * d_vp..(r + 1) * d_vp];
+                    // SAFETY: row (batch, i, h) belongs to this item alone: items partition
+                    // (batch, kv head, query block) and `row_origin` maps rows to distinct
+                    // (head, position) pairs inside the item's heads and query block.
+                    unsafe {
+                        writer.write_row(item.batch, i, h, o, scratch.m[r], scratch.l[r], sink2(h))
+                    };
+                }
+            },
+        );
+        return;
+    }
+
+    // Split-KV: every (item, split) streams its key range into a slot of partial results
+    // (o, m, l per row); then each item merges its slots in split order, so the result does not
+    // depend on which thread ran what.
+    let rows = blocking.rows();
+    let slot = rows * (d_vp + 2);
+    let mut partials = vec![0.0f32; n_items * splits * slot];
+    partials.par_chunks_mut(slot).enumerate().for_each_init(
         || Scratch::new(&blocking),
-        |scratch, index| {
-            let q_block = index % q_blocks;
-            let kv_head = (index / q_blocks) % problem.kv_heads;
-            let batch = index / (q_blocks * problem.kv_heads);
-            let q_start = q_block * blocking.q_rows;
-            let item = Item {
-                batch,
-                kv_head,
-                q_start,
-                q_len: blocking.q_rows.min(problem.n_q - q_start),
-                kv_start: 0,
-                kv_end: problem.n_kv,
-            };
+        |scratch, (unit, part)| {
+            let item = item(unit / splits, unit % splits);
             dispatch(ItemKernel {
                 ops: &ops,
                 item: &item,
                 scratch,
             });
-            for r in 0..item.rows(group) {
-                let (h, i) = item.row_origin(group, r);
-                let o = &scratch.o[r * d_vp..(r + 1) * d_vp];
-                // SAFETY: row (batch, i, h) belongs to this item alone: items partition
-                // (batch, kv head, query block) and `row_origin` maps rows to distinct
-                // (head, position) pairs inside the item's heads and query block.
-                unsafe { writer.write_row(batch, i, h, o, scratch.m[r], scratch.l[r]) };
-            }
+            count_tiles(scratch);
+            let n = item.rows(group);
+            let (o, ml) = part.split_at_mut(rows * d_vp);
+            o[..n * d_vp].copy_from_slice(&scratch.o[..n * d_vp]);
+            ml[..n].copy_from_slice(&scratch.m[..n]);
+            ml[rows..rows + n].copy_from_slice(&scratch.l[..n]);
         },
     );
+    partials
+        .par_chunks(splits * slot)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; d_vp],
+            |o, (index, parts)| {
+                let item = item(index, 0);
+                for r in 0..item.rows(group) {
+                    let m_part = |p: &[f32]| p[rows * d_vp + r];
+                    let top = parts.chunks(slot).map(m_part).fold(-f32::MAX, f32::max);
+                    o.fill(0.0);
+                    let mut l = 0.0;
+                    for p in parts.chunks(slot) {
+                        let w = (m_part(p) - top).exp2();
+                        l += p[rows * d_vp + rows + r] * w;
+                        for (acc, &x) in o.iter_mut().zip(&p[r * d_vp..(r + 1) * d_vp]) {
+                            *acc += x * w;
+                        }
+                    }
+                    let (h, i) = item.row_origin(group, r);
+                    // SAFETY: as in the unsplit path, rows of distinct items are distinct.
+                    unsafe { writer.write_row(item.batch, i, h, o, top, l, sink2(h)) };
+                }
+            },
+        );
 }

@@ -14,7 +14,7 @@ use crate::tensor::Tensor;
 
 /// The operands of one call, shared by every work item.
 pub(crate) struct Operands<'a> {
-    pub problem: &'a Problem,
+    pub problem: &'a Problem<'a>,
     pub blocking: Blocking,
     pub q: Tensor<'a, f32>,
     pub k: Tensor<'a, f32>,
@@ -70,6 +70,11 @@ pub(crate) struct Scratch {
     /// Visible keys `[lo, hi)` per row.
     lo: Vec<usize>,
     hi: Vec<usize>,
+    /// ALiBi per row: the diagonal position `i + off` and `slope · log₂e`.
+    alibi_pos: Vec<f32>,
+    alibi_slope: Vec<f32>,
+    /// Score tiles computed (for the test hook [`crate::Options::count_score_tiles`]).
+    pub tiles: u64,
 }
 
 impl Scratch {
@@ -88,6 +93,9 @@ impl Scratch {
             alpha: vec![0.0; rows_pad],
             lo: vec![0; rows_pad],
             hi: vec![0; rows_pad],
+            alibi_pos: vec![0.0; rows_pad],
+            alibi_slope: vec![0.0; rows_pad],
+            tiles: 0,
         }
     }
 }
@@ -123,7 +131,11 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     let mut any_lo = usize::MAX;
     let mut any_hi = 0;
     for r in 0..rows {
-        let (_, i) = item.row_origin(group, r);
+        let (h, i) = item.row_origin(group, r);
+        if let Some(slopes) = p.alibi {
+            sc.alibi_pos[r] = (i as i64 + p.diag_offset) as f32;
+            sc.alibi_slope[r] = slopes[h] * std::f32::consts::LOG2_E;
+        }
         let (lo, hi) = p.visible_keys(item.batch, i);
         let (lo, hi) = (lo.max(item.kv_start), hi.min(item.kv_end));
         let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
@@ -184,24 +196,59 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
                 let n = (phi - jj).min(MR);
                 let out = &mut sc.st[jj * rows_pad + r0..];
                 score_keys(s, n, r1 - r0, &k_row, jj, qt, d_k, out, rows_pad);
+                sc.tiles += 1;
                 jj += n;
+            }
+            if let Some(cap) = p.softcap {
+                for jj in plo..phi {
+                    for r in (r0..r1).step_by(LANES) {
+                        let x = &mut sc.st[jj * rows_pad + r..][..LANES];
+                        s.store(x, softcap(s, s.load(x), cap));
+                    }
+                }
             }
         }
 
-        // Mask: −∞ outside each row's visible keys (only rows that do not see the whole block).
+        // Mask: −∞ outside each row's visible keys (only rows that do not see the whole block),
+        // then the caller's bias and boolean mask inside them.
         for r in 0..rows {
             let (lo, hi) = (sc.lo[r].clamp(j0, j1) - j0, sc.hi[r].clamp(j0, j1) - j0);
             let (lo, hi) = if lo < hi { (lo, hi) } else { (c, c) };
             for jj in (0..lo).chain(hi..c) {
                 sc.st[jj * rows_pad + r] = f32::NEG_INFINITY;
             }
+            if p.bias.is_some() || p.mask.is_some() {
+                let (h, i) = item.row_origin(group, r);
+                for jj in lo..hi {
+                    let at = [item.batch, i, h, j0 + jj];
+                    let x = &mut sc.st[jj * rows_pad + r];
+                    if let Some(bias) = &p.bias {
+                        *x += bias.at(at) * std::f32::consts::LOG2_E;
+                    }
+                    if p.mask.as_ref().is_some_and(|m| !m.at(at)) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
         }
 
         // Online softmax, one query row per lane.
         for r0 in (0..rows_pad).step_by(LANES) {
             let mut mx = s.splat(f32::NEG_INFINITY);
-            for jj in 0..c {
-                mx = s.max(mx, s.load(&sc.st[jj * rows_pad + r0..]));
+            if p.alibi.is_some() {
+                let pos = s.load(&sc.alibi_pos[r0..]);
+                let slope = s.load(&sc.alibi_slope[r0..]);
+                for jj in 0..c {
+                    let x = &mut sc.st[jj * rows_pad + r0..][..LANES];
+                    let dist = s.abs(s.sub(pos, s.splat((j0 + jj) as f32)));
+                    let y = s.sub(s.load(x), s.mul(slope, dist));
+                    s.store(x, y);
+                    mx = s.max(mx, y);
+                }
+            } else {
+                for jj in 0..c {
+                    mx = s.max(mx, s.load(&sc.st[jj * rows_pad + r0..]));
+                }
             }
             let m_old = s.load(&sc.m[r0..]);
             let m_new = s.max(s.splat(-f32::MAX), s.max(m_old, mx));
@@ -235,6 +282,18 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
         }
         j0 = j1;
     }
+}
+
+/// Soft-capping in the log2 domain: for a score `x = s·log₂e`, returns `cap·log₂e·tanh(s/cap)`,
+/// with `tanh(y) = (e^{2y} − 1)/(e^{2y} + 1)` and `e^{2y} = 2^{x·2/cap}`. The clamped `2^x` keeps
+/// it finite for any input (±∞ scores map to ±cap), NaN stays NaN; near 0 the subtraction
+/// costs absolute (not relative) accuracy, ~1e-7 · cap, which the error bound accounts for.
+#[inline(always)]
+fn softcap<S: Simd>(s: S, x: S::V, cap: f32) -> S::V {
+    let e = exp2(s, s.mul(x, s.splat(2.0 / cap)));
+    let one = s.splat(1.0);
+    let t = s.div(s.sub(e, one), s.add(e, one));
+    s.mul(t, s.splat(cap * std::f32::consts::LOG2_E))
 }
 
 /// The union `[lo, hi)` of the rows' visible ranges intersected with `[j0, j1)`, relative to

@@ -68,6 +68,15 @@ impl Simd for Avx2Fma {
         unsafe { _mm256_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn div(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
+    fn abs(self, a: __m256) -> __m256 {
+        // Clear the sign bit.
+        unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), a) }
+    }
+    #[inline(always)]
     fn mul_add(self, a: __m256, b: __m256, c: __m256) -> __m256 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }

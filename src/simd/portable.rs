@@ -38,6 +38,14 @@ impl Simd for Portable {
         a * b
     }
     #[inline(always)]
+    fn div(self, a: f32x8, b: f32x8) -> f32x8 {
+        a / b
+    }
+    #[inline(always)]
+    fn abs(self, a: f32x8) -> f32x8 {
+        a.abs()
+    }
+    #[inline(always)]
     fn mul_add(self, a: f32x8, b: f32x8, c: f32x8) -> f32x8 {
         a.mul_add(b, c)
     }
