@@ -82,10 +82,8 @@ impl Scratch {
         let rows_pad = b.rows_pad();
         Scratch {
             qt: vec![0.0; rows_pad.div_ceil(NR) * NR * b.d_k],
-            // One extra stride each: the output tile reads whole strides from an offset row
-            // or column (see `output_tile`).
-            st: vec![0.0; (b.kv_block + 1) * rows_pad],
-            v: vec![0.0; (b.kv_block + 1) * b.d_v_pad],
+            st: vec![0.0; b.kv_block * rows_pad],
+            v: vec![0.0; b.kv_block * b.d_v_pad],
             k: Vec::new(),
             o: vec![0.0; rows_pad * b.d_v_pad],
             m: vec![0.0; rows_pad],
@@ -160,11 +158,20 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
         sc.k.resize(bl.kv_block * d_k, 0.0);
     }
 
+    let [vs_b, vs_s, vs_h, vs_d] = ops.v.strides();
+    let v_in_place = vs_d == 1 && p.d_v == d_vp;
     let mut j0 = any_lo;
     while j0 < any_hi {
         let j1 = (j0 + bl.kv_block).min(any_hi);
         let c = j1 - j0;
-        pack_values(ops, item, j0, c, &mut sc.v, d_vp);
+        // V rows are read in place when they hold whole 16-column panels; packed otherwise.
+        let (v_block, ld_v): (&[f32], usize) = if v_in_place {
+            let base = item.batch * vs_b + j0 * vs_s + item.kv_head * vs_h;
+            (&ops.v.data()[base..], vs_s)
+        } else {
+            pack_values(ops, item, j0, c, &mut sc.v, d_vp);
+            (&sc.v, d_vp)
+        };
         if !k_contiguous {
             for jj in 0..c {
                 let base = item.batch * ks_b + (j0 + jj) * ks_s + item.kv_head * ks_h;
@@ -274,10 +281,10 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
             };
             for col in (0..d_vp).step_by(NR) {
                 let pt = &sc.st[glo * rows_pad + r0..];
-                let v = &sc.v[glo * d_vp + col..];
+                let v = &v_block[glo * ld_v + col..];
                 let alpha = &sc.alpha[r0..r1];
                 let o = &mut sc.o[r0 * d_vp + col..];
-                output_rows(s, r1 - r0, pt, rows_pad, ghi - glo, v, d_vp, alpha, o, d_vp);
+                output_rows(s, r1 - r0, pt, rows_pad, ghi - glo, v, ld_v, alpha, o, d_vp);
             }
         }
         j0 = j1;
