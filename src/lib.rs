@@ -3,7 +3,7 @@
 //! `out = softmax(Q·Kᵀ·scale) · V`, computed by a fused, FlashAttention-2-style kernel that never
 //! materializes the `n_q × n_kv` score matrix, on hand-written SIMD micro-kernels chosen at run
 //! time (AVX2 + FMA where the CPU has them, portable `wide` lanes elsewhere), parallel over the
-//! caller's rayon pool, and verified against a plain f64 [`reference`].
+//! caller's rayon pool, and verified against a plain f64 [`mod@reference`].
 //!
 //! ```
 //! use sdpa::{attention, Alignment, Options, Tensor, TensorMut};
@@ -16,10 +16,11 @@
 //! let v_view = Tensor::bshd(&v, [1, 3, 1, 2])?;
 //! let mut out_view = TensorMut::bshd(&mut out, [1, 3, 1, 2])?;
 //! attention(&q_view, &q_view, &v_view, &mut out_view, &Options::new())?;
-//! assert!((out[0] - 0.599).abs() < 1e-3);
+//! assert!((out_view.as_tensor().get([0, 0, 0, 0]).unwrap() - 0.599).abs() < 1e-3);
 //!
 //! // Causal, with the diagonal aligned to the last key (what a KV-cache decode step needs).
-//! attention(&q_view, &q_view, &v_view, &mut out_view, &Options::new().causal(Alignment::BottomRight))?;
+//! let causal = Options::new().causal(Alignment::BottomRight);
+//! attention(&q_view, &q_view, &v_view, &mut out_view, &causal)?;
 //! assert_eq!(&out[..2], &[1.0, 0.0]); // row 0 sees key 0 only: v₀
 //! # Ok::<(), sdpa::Error>(())
 //! ```
@@ -29,21 +30,28 @@
 //! `[B, n_q, H, d_v]`, any element strides. `H` must be a multiple of `H_kv`; query head `h`
 //! reads key/value head `h / (H / H_kv)` (grouped-query and multi-query attention, no copy).
 //!
-//! For query row `i` and key `j`: `s_ij = scale · q_i·k_j`; keys hidden by the [`Options`] get
-//! `−∞`; `p_ij = exp(s_ij − m_i) / Σ_j exp(s_ij − m_i)`; `out_i = Σ_j p_ij v_j`;
-//! `lse_i = m_i + ln Σ_j exp(s_ij − m_i)`.
+//! For query row `i` and key `j`: `s_ij = scale · q_i·k_j`, then the [`Options`] in the order
+//! their doc gives (softcap, ALiBi and bias, masks: hidden keys get `−∞`);
+//! `p_ij = exp(s_ij − m_i) / Σ_j exp(s_ij − m_i)` (plus a sink term with [`Options::sinks`]);
+//! `out_i = Σ_j p_ij v_j`; `lse_i = m_i + ln Σ_j exp(s_ij − m_i)`.
 //!
-//! * A row with no visible key (`n_kv = 0`, or a causal diagonal that starts past the keys):
-//!   output 0 and `lse = −∞` — never NaN, never the mean of V.
-//! * NaN in Q, K or V propagates to the outputs it touches. (A NaN in `v_j` reaches every row
-//!   that sees key `j`; in the fused kernel it may also reach rows that do not see `j` but share
-//!   a key block with it, since masked weights are exact zeros and `0 · NaN = NaN`.)
-//! * ±∞ inputs follow IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
-//! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted first.
-//! * Accuracy: see [`reference::error_bound`]; the fused result is within that bound of the
-//!   f64 reference.
-//! * Determinism: block sizes depend on the shape only and every query row is reduced in one
-//!   fixed order, so results are bitwise identical for any number of threads.
+//! ## Numerics
+//! * A row with no visible key (`n_kv = 0`, a causal diagonal that starts past the keys, a key
+//!   length of 0, a fully masked row): output 0 and `lse = −∞` — never NaN, never the mean of V.
+//!   (With an attention sink: output 0 and `lse = σ_h`.)
+//! * NaN in Q, K, V or a bias propagates to the outputs it touches. A NaN (or ±∞) in `v_j`
+//!   reaches every row that sees key `j`; in the fused kernel it may also reach rows that do not
+//!   see `j` but share a key block with rows that do, since masked weights are exact zeros and
+//!   `0 · NaN = 0 · ∞ = NaN`.
+//! * ±∞ in Q or K follows IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
+//! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted
+//!   before exponentiating. The fused kernel folds `scale · log₂e` into Q, so the *scaled*
+//!   score must be representable in f32 (|s| < 3.4e38), as it must in any f32 softmax.
+//! * Accuracy: the fused result is within [`reference::error_bounds`] of the f64 reference, a
+//!   worst-case bound derived from the f32 rounding of each step (its doc has the formula).
+//! * Determinism: block sizes and key splits depend on the shape only, and every query row is
+//!   reduced in one fixed order, so results are bitwise identical for any number of threads.
+//!   The two backends may differ from each other in the last bits (FMA vs separate rounding).
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -99,11 +99,11 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize>(
             let vj = unsafe { v.get_unchecked(j * ld_v..j * ld_v + NR) };
             let v0 = s.load(&vj[..LANES]);
             let v1 = s.load(&vj[LANES..]);
-            for r in 0..ROWS {
+            for (r, a) in acc.iter_mut().enumerate() {
                 // SAFETY: j·ld_p + r < (c−1)·ld_p + ROWS ≤ pt.len(), checked above.
                 let pr = s.splat(unsafe { *pt.get_unchecked(j * ld_p + r) });
-                acc[r][0] = s.mul_add(pr, v0, acc[r][0]);
-                acc[r][1] = s.mul_add(pr, v1, acc[r][1]);
+                a[0] = s.mul_add(pr, v0, a[0]);
+                a[1] = s.mul_add(pr, v1, a[1]);
             }
         }
     }
