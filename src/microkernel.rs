@@ -9,31 +9,29 @@
 //!   plain vertical vector operations, with no horizontal reduction per score;
 //! * `Pᵀ` comes out key-major, which is exactly what the output product broadcasts from.
 //!
-//! Both products use the classic AVX2 BLIS register tile `6 × 16`: 12 accumulators (6 × 2
-//! vectors of 8) + 2 vectors loaded + 1 broadcast = 15 of the 16 ymm registers. Per reduction
-//! step: 2 vector loads + 6 broadcasts (8 load-port µops, 4 cycles on 2 ports) feed 12 FMAs
-//! (6 cycles on 2 FMA ports), so the FMA ports set the pace.
+//! Both products use a register tile of `TILE × 2` vectors, `TILE` the backend's
+//! [`Simd::TILE`]:
+//! * AVX2 (16 ymm registers, 8 lanes): the classic BLIS `6 × 16` tile, 12 accumulators + 2
+//!   vectors loaded + 1 broadcast = 15 registers. Per reduction step 2 loads + 6 broadcasts
+//!   (8 load µops, 4 cycles on 2 ports) feed 12 FMAs (6 cycles on 2 FMA ports): FMA-bound.
+//! * AVX-512 (32 zmm registers, 16 lanes): `12 × 32`, 24 accumulators + 2 + 1 = 27 registers;
+//!   2 loads + 12 broadcasts (7 cycles) feed 24 FMAs (12 cycles on 2 FMA ports).
 //!
-//! * [`scores_tile`]: `Sᵀ[6 keys × 16 rows] = K[6 × d_k] · Qᵀ[d_k × 16]`.
-//! * [`output_tile`]: `O[6 rows × 16] = α ⊙ O + P[6 × c] · V[c × 16]`, the rescaling `α` of the
-//!   online softmax fused into the load of the accumulators.
+//! * [`scores_tile`]: `Sᵀ[TILE keys × 2·LANES rows] = K[TILE × d_k] · Qᵀ[d_k × 2·LANES]`.
+//! * [`output_tile`]: `O[TILE rows × 2·LANES] = α ⊙ O + P[TILE × c] · V[c × 2·LANES]`, the
+//!   rescaling `α` of the online softmax fused into the load of the accumulators.
 //!
-//! Tails use the same code with smaller const sizes (`KEYS < 6`, `ROWS < 6`, `VECS = 1`); head
-//! sizes are padded to multiples of 16 by packing, so there are no column tails.
+//! Tails use the same code with smaller const sizes (`KEYS`, `ROWS < TILE`, `VECS = 1`); head
+//! sizes are padded to whole vectors by packing, so there are no lane tails.
 
-use crate::simd::{Simd, LANES};
+use crate::simd::Simd;
 
-/// Keys per score tile, and rows per output tile.
-pub(crate) const MR: usize = 6;
-/// Query rows per score tile, and output columns per output tile: two vectors.
-pub(crate) const NR: usize = 2 * LANES;
-
-/// `out[t][0 .. 8·VECS] = Σ_p k[t][p] · qt[p][0 .. 8·VECS]` for each key `t < KEYS`.
+/// `out[t][0 .. L·VECS] = Σ_p k[t][p] · qt[p][0 .. L·VECS]` for each key `t < KEYS`, `L` lanes.
 ///
 /// * `k`: `KEYS` key rows of `d` values each.
-/// * `qt`: a transposed query panel, `d` steps of 16 values (`qt[p * 16 + r]`); only the first
-///   `8·VECS` rows of each step are read.
-/// * `out`: `KEYS` rows at stride `ld_out` (one per key), `8·VECS` values each.
+/// * `qt`: a transposed query panel, `d` steps of `2·L` values (`qt[p · 2L + r]`); only the
+///   first `L·VECS` rows of each step are read.
+/// * `out`: `KEYS` rows at stride `ld_out` (one per key), `L·VECS` values each.
 #[inline(always)]
 pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
     s: S,
@@ -43,10 +41,17 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
     out: &mut [f32],
     ld_out: usize,
 ) {
+    let lanes = S::LANES;
     let k: [&[f32]; KEYS] = core::array::from_fn(|t| &k[t][..d]);
     let mut acc = [[s.splat(0.0); VECS]; KEYS];
-    for (p, qp) in (0..d).zip(qt.chunks_exact(NR)) {
-        let q: [S::V; VECS] = core::array::from_fn(|v| s.load(&qp[v * LANES..(v + 1) * LANES]));
+    // (Plain loops rather than `array::from_fn` in these kernels: closures passed to `from_fn`
+    // are not always inlined, and an intrinsic outside the `#[target_feature]` entry point
+    // becomes a function call: measured 6× slower.)
+    for (p, qp) in (0..d).zip(qt.chunks_exact(2 * lanes)) {
+        let mut q = [s.splat(0.0); VECS];
+        for (v, qv) in q.iter_mut().enumerate() {
+            *qv = s.load(&qp[v * lanes..(v + 1) * lanes]);
+        }
         for t in 0..KEYS {
             let kb = s.splat(k[t][p]);
             for v in 0..VECS {
@@ -55,22 +60,23 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
         }
     }
     for (t, a) in acc.iter().enumerate() {
-        let row = &mut out[t * ld_out..t * ld_out + VECS * LANES];
+        let row = &mut out[t * ld_out..t * ld_out + VECS * lanes];
         for (v, &x) in a.iter().enumerate() {
-            s.store(&mut row[v * LANES..(v + 1) * LANES], x);
+            s.store(&mut row[v * lanes..(v + 1) * lanes], x);
         }
     }
 }
 
-/// `o[r][0..16] = alpha[r] · o[r][0..16] + Σ_{j<c} pt[j][r] · v[j][0..16]` for each row `r < ROWS`.
+/// `o[r][0 .. L·VECS] = alpha[r] · o[r][..] + Σ_{j<c} pt[j][r] · v[j][0 .. L·VECS]` for each row
+/// `r < ROWS`, `L` lanes.
 ///
 /// * `pt`: the softmax numerators key-major, key `j`'s rows at `pt[j * ld_p ..][..ROWS]`.
-/// * `v`: `c` value rows at stride `ld_v`, 16 columns each (a column panel of the packed block,
-///   or of the caller's V read in place).
-/// * `o`: the running output accumulator, rows at stride `ld_o`, 16 columns each.
+/// * `v`: `c` value rows at stride `ld_v`, `L·VECS` columns each (a column panel of the packed
+///   block, or of the caller's V read in place).
+/// * `o`: the running output accumulator, rows at stride `ld_o`, `L·VECS` columns each.
 #[allow(clippy::too_many_arguments)] // one tile's operands; a struct would only rename them
 #[inline(always)]
-pub(crate) fn output_tile<S: Simd, const ROWS: usize>(
+pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
     s: S,
     pt: &[f32],
     ld_p: usize,
@@ -81,35 +87,41 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize>(
     o: &mut [f32],
     ld_o: usize,
 ) {
-    let mut acc: [[S::V; 2]; ROWS] = core::array::from_fn(|r| {
-        let a = s.splat(alpha[r]);
-        let row = &o[r * ld_o..r * ld_o + NR];
-        [
-            s.mul(a, s.load(&row[..LANES])),
-            s.mul(a, s.load(&row[LANES..])),
-        ]
-    });
+    let lanes = S::LANES;
+    let width = VECS * lanes;
+    let mut acc = [[s.splat(0.0); VECS]; ROWS];
+    for (r, a) in acc.iter_mut().enumerate() {
+        let scale = s.splat(alpha[r]);
+        let row = &o[r * ld_o..r * ld_o + width];
+        for (x, ax) in a.iter_mut().enumerate() {
+            *ax = s.mul(scale, s.load(&row[x * lanes..(x + 1) * lanes]));
+        }
+    }
     if c > 0 {
-        // The inner loop is the hottest code of the crate: its 12 FMAs per key must not share
-        // the issue slots with bounds checks (measured: 38 → 57 GFLOP/s at d = 64). Check the
+        // The inner loop is the hottest code of the crate: its FMAs must not share the issue
+        // slots with bounds checks (measured: 38 → 57 GFLOP/s at d = 64 on AVX2). Check the
         // last key's reads once here, then index unchecked.
-        assert!((c - 1) * ld_p + ROWS <= pt.len() && (c - 1) * ld_v + NR <= v.len());
+        assert!((c - 1) * ld_p + ROWS <= pt.len() && (c - 1) * ld_v + width <= v.len());
         for j in 0..c {
-            // SAFETY: j < c, so j·ld_v + 16 ≤ (c−1)·ld_v + 16 ≤ v.len(), checked above.
-            let vj = unsafe { v.get_unchecked(j * ld_v..j * ld_v + NR) };
-            let v0 = s.load(&vj[..LANES]);
-            let v1 = s.load(&vj[LANES..]);
+            // SAFETY: j < c, so j·ld_v + width ≤ (c−1)·ld_v + width ≤ v.len(), checked above.
+            let vj = unsafe { v.get_unchecked(j * ld_v..j * ld_v + width) };
+            let mut vv = [s.splat(0.0); VECS];
+            for (x, vx) in vv.iter_mut().enumerate() {
+                *vx = s.load(&vj[x * lanes..(x + 1) * lanes]);
+            }
             for (r, a) in acc.iter_mut().enumerate() {
                 // SAFETY: j·ld_p + r < (c−1)·ld_p + ROWS ≤ pt.len(), checked above.
                 let pr = s.splat(unsafe { *pt.get_unchecked(j * ld_p + r) });
-                a[0] = s.mul_add(pr, v0, a[0]);
-                a[1] = s.mul_add(pr, v1, a[1]);
+                for x in 0..VECS {
+                    a[x] = s.mul_add(pr, vv[x], a[x]);
+                }
             }
         }
     }
     for (r, a) in acc.iter().enumerate() {
-        let row = &mut o[r * ld_o..r * ld_o + NR];
-        s.store(&mut row[..LANES], a[0]);
-        s.store(&mut row[LANES..], a[1]);
+        let row = &mut o[r * ld_o..r * ld_o + width];
+        for (x, &ax) in a.iter().enumerate() {
+            s.store(&mut row[x * lanes..(x + 1) * lanes], ax);
+        }
     }
 }

@@ -26,18 +26,19 @@
 //! diagonal. Rows 48/96 × keys 48/96/192 were swept at n = 1024, d = 64 and 128 on the
 //! development machine: 96 × 192 was best or within noise of it for both head sizes.
 
-use crate::microkernel::{MR, NR};
 use crate::problem::Problem;
+use crate::simd::Geometry;
 
-/// Stacked query rows per work item the model aims for: 16 output tiles of 6 rows, 6 score
-/// panels of 16 rows.
+/// Stacked query rows per work item the model aims for: whole output tiles (6 or 12 rows) and
+/// score panels (16 or 32 rows) on every backend.
 const TARGET_ROWS: usize = 96;
 /// Most keys per block; beyond ~200 the per-block overheads are already below 1%.
 const MAX_KV_BLOCK: usize = 192;
 /// Fewest keys per block, so per-block work stays amortized even for huge head sizes.
 const MIN_KV_BLOCK: usize = 48;
-/// Key blocks are multiples of this: the score tile's 6 keys and the 8 lanes.
-const KV_STEP: usize = 24;
+/// Key blocks are multiples of this: of every backend's score-tile height (6, 12) and lane
+/// count (8, 16).
+const KV_STEP: usize = 48;
 /// Half of a 512 KiB L2: what the per-block buffers may take, leaving the rest to Qᵀ, O and the
 /// K rows streaming through.
 const L2_BUDGET_BYTES: usize = 256 * 1024;
@@ -60,29 +61,33 @@ pub(crate) struct Blocking {
     pub kv_block: usize,
     /// Query/key head size.
     pub d_k: usize,
-    /// Value head size rounded up to a multiple of the output tile's 16 columns.
+    /// Value head size rounded up to whole vectors.
     pub d_v_pad: usize,
+    /// The register geometry of the backend that runs the call.
+    pub geometry: Geometry,
 }
 
 impl Blocking {
     /// Block sizes for `problem` (shape only: never the thread count, so results are identical
     /// whatever the pool).
-    pub fn for_problem(problem: &Problem) -> Self {
+    pub fn for_problem(problem: &Problem, geometry: Geometry) -> Self {
         let group = problem.group();
         let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, problem.n_q.max(1));
-        let d_v_pad = problem.d_v.div_ceil(NR) * NR;
-        let rows_pad = (q_rows * group).div_ceil(NR) * NR;
+        let d_v_pad = problem.d_v.div_ceil(geometry.lanes) * geometry.lanes;
+        let panel = 2 * geometry.lanes;
+        let rows_pad = (q_rows * group).div_ceil(panel) * panel;
         // Per key of a block: its K row (read in place), its packed V row and its Sᵀ column.
         let bytes_per_key = 4 * (problem.d_k + d_v_pad + rows_pad);
         let kv_block =
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK);
-        debug_assert_eq!(kv_block % MR, 0);
+        debug_assert_eq!(kv_block % geometry.tile, 0);
         Blocking {
             q_rows,
             group,
             kv_block,
             d_k: problem.d_k,
             d_v_pad,
+            geometry,
         }
     }
 
@@ -104,8 +109,13 @@ impl Blocking {
         self.q_rows * self.group
     }
 
-    /// Stacked rows rounded up to whole 16-row score panels.
+    /// Rows of one score panel: two vectors.
+    pub fn panel(&self) -> usize {
+        2 * self.geometry.lanes
+    }
+
+    /// Stacked rows rounded up to whole score panels.
     pub fn rows_pad(&self) -> usize {
-        self.rows().div_ceil(NR) * NR
+        self.rows().div_ceil(self.panel()) * self.panel()
     }
 }

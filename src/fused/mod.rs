@@ -9,7 +9,7 @@ mod blocking;
 mod stream;
 
 use crate::problem::Problem;
-use crate::simd::{dispatch, Kernel, Simd};
+use crate::simd::{dispatch, geometry, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
 use blocking::Blocking;
 use rayon::prelude::*;
@@ -129,7 +129,7 @@ pub(crate) fn run(
     if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && lse.is_none()) {
         return;
     }
-    let blocking = Blocking::for_problem(problem);
+    let blocking = Blocking::for_problem(problem, geometry());
     let ops = Operands {
         problem,
         blocking,

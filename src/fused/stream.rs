@@ -7,9 +7,9 @@
 //! for masked scores and never `−∞ − (−∞) = NaN`, with no branch.
 
 use super::blocking::Blocking;
-use crate::microkernel::{output_tile, scores_tile, MR, NR};
+use crate::microkernel::{output_tile, scores_tile};
 use crate::problem::Problem;
-use crate::simd::{exp2, Simd, LANES};
+use crate::simd::{exp2, Simd};
 use crate::tensor::Tensor;
 
 /// The operands of one call, shared by every work item.
@@ -81,7 +81,7 @@ impl Scratch {
     pub fn new(b: &Blocking) -> Self {
         let rows_pad = b.rows_pad();
         Scratch {
-            qt: vec![0.0; rows_pad.div_ceil(NR) * NR * b.d_k],
+            qt: vec![0.0; rows_pad * b.d_k],
             st: vec![0.0; b.kv_block * rows_pad],
             v: vec![0.0; b.kv_block * b.d_v_pad],
             k: Vec::new(),
@@ -105,6 +105,9 @@ impl Scratch {
 pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Scratch) {
     let p = ops.problem;
     let bl = &ops.blocking;
+    debug_assert_eq!((S::LANES, S::TILE), (bl.geometry.lanes, bl.geometry.tile));
+    #[allow(non_snake_case)] // the register-geometry constants of the module docs
+    let (LANES, NR, MR) = (S::LANES, 2 * S::LANES, S::TILE);
     let group = bl.group;
     let rows = item.rows(group);
     let rows_pad = rows.div_ceil(LANES) * LANES;
@@ -116,6 +119,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     let [qs_b, qs_s, qs_h, qs_d] = ops.q.strides();
     let q_data = ops.q.data();
     sc.qt[..rows_pad.div_ceil(NR) * NR * d_k].fill(0.0);
+    debug_assert!(rows_pad.div_ceil(NR) * NR <= bl.rows_pad());
     for r in 0..rows {
         let (h, i) = item.row_origin(group, r);
         let base = item.batch * qs_b + i * qs_s + h * qs_h;
@@ -273,18 +277,21 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
             s.store(&mut sc.alpha[r0..], alpha);
         }
 
-        // O = α ⊙ O + P · V, 6-row groups over the keys some row of the group sees.
+        // O = α ⊙ O + P · V, row groups of the tile height over the keys some row of the
+        // group sees.
         for r0 in (0..rows).step_by(MR) {
             let r1 = (r0 + MR).min(rows);
             let Some((glo, ghi)) = union_range(&sc.lo[r0..r1], &sc.hi[r0..r1], j0, j1) else {
                 continue;
             };
             for col in (0..d_vp).step_by(NR) {
+                let width = (d_vp - col).min(NR);
                 let pt = &sc.st[glo * rows_pad + r0..];
                 let v = &v_block[glo * ld_v + col..];
                 let alpha = &sc.alpha[r0..r1];
                 let o = &mut sc.o[r0 * d_vp + col..];
-                output_rows(s, r1 - r0, pt, rows_pad, ghi - glo, v, ld_v, alpha, o, d_vp);
+                let c = ghi - glo;
+                output_rows(s, r1 - r0, width, pt, rows_pad, c, v, ld_v, alpha, o, d_vp);
             }
         }
         j0 = j1;
@@ -337,7 +344,8 @@ fn pack_values(ops: &Operands<'_>, item: &Item, j0: usize, c: usize, dst: &mut [
     }
 }
 
-/// Scores of `n ≤ 6` keys starting at block key `jj` against one panel of `width` (8 or 16) rows.
+/// Scores of `n ≤ TILE` keys starting at block key `jj` against one panel of `width` (one or
+/// two vectors) rows.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn score_keys<'k, S: Simd>(
@@ -351,32 +359,33 @@ fn score_keys<'k, S: Simd>(
     out: &mut [f32],
     ld: usize,
 ) {
-    macro_rules! tile {
-        ($keys:literal) => {{
-            let k: [&[f32]; $keys] = core::array::from_fn(|t| k_row(jj + t));
-            if width == NR {
-                scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld)
-            } else {
-                scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld)
+    macro_rules! tiles {
+        ($($keys:literal)*) => {
+            match n {
+                // Heights above the backend's tile never occur; `S::TILE` is a constant, so
+                // their arms compile away.
+                $($keys if $keys <= S::TILE => {
+                    let k: [&[f32]; $keys] = core::array::from_fn(|t| k_row(jj + t));
+                    if width == 2 * S::LANES {
+                        scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld)
+                    } else {
+                        scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld)
+                    }
+                })*
+                _ => unreachable!("score tile of {n} keys"),
             }
-        }};
+        };
     }
-    match n {
-        6 => tile!(6),
-        5 => tile!(5),
-        4 => tile!(4),
-        3 => tile!(3),
-        2 => tile!(2),
-        _ => tile!(1),
-    }
+    tiles!(1 2 3 4 5 6 7 8 9 10 11 12)
 }
 
-/// [`output_tile`] for `rows ≤ 6` rows.
+/// [`output_tile`] for `rows ≤ TILE` rows and `width` (one or two vectors) columns.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn output_rows<S: Simd>(
     s: S,
     rows: usize,
+    width: usize,
     pt: &[f32],
     ld_p: usize,
     c: usize,
@@ -386,12 +395,19 @@ fn output_rows<S: Simd>(
     o: &mut [f32],
     ld_o: usize,
 ) {
-    match rows {
-        6 => output_tile::<S, 6>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
-        5 => output_tile::<S, 5>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
-        4 => output_tile::<S, 4>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
-        3 => output_tile::<S, 3>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
-        2 => output_tile::<S, 2>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
-        _ => output_tile::<S, 1>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o),
+    macro_rules! tiles {
+        ($($rows:literal)*) => {
+            match rows {
+                $($rows if $rows <= S::TILE => {
+                    if width == 2 * S::LANES {
+                        output_tile::<S, $rows, 2>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o)
+                    } else {
+                        output_tile::<S, $rows, 1>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o)
+                    }
+                })*
+                _ => unreachable!("output tile of {rows} rows"),
+            }
+        };
     }
+    tiles!(1 2 3 4 5 6 7 8 9 10 11 12)
 }

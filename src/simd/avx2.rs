@@ -29,7 +29,7 @@ fn run_with_features<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
 
 /// Runs `kernel` with AVX2 + FMA code generation.
 #[inline]
-pub(super) fn run<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
+pub(crate) fn run<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
     // SAFETY: an `Avx2Fma` value exists only if `detect` found both features on this CPU.
     unsafe { run_with_features(simd, kernel) }
 }
@@ -38,6 +38,8 @@ pub(super) fn run<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
 // `self: Avx2Fma` proves; loads and stores go through slices whose length is checked first.
 impl Simd for Avx2Fma {
     type V = __m256;
+    const LANES: usize = 8;
+    const TILE: usize = 6;
 
     #[inline(always)]
     fn splat(self, x: f32) -> __m256 {

@@ -1,44 +1,49 @@
 //! Lanes: the only per-ISA code in the crate.
 //!
 //! The micro-kernels ([`crate::microkernel`]) are written once over the [`Simd`] trait, a handful
-//! of 8-lane f32 operations. Each backend implements it:
-//! * [`Avx2Fma`]: `core::arch` AVX2 + FMA intrinsics. Its kernels are instantiated inside a
-//!   `#[target_feature(enable = "avx2,fma")]` function and chosen at run time, so a default build
-//!   (no `-C target-cpu`) is fast on any x86-64 CPU that has them.
+//! of f32 vector operations plus the register-tile geometry. Each backend implements it:
+//! * [`Avx512`]: `core::arch` AVX-512F intrinsics, 16 lanes, 32 registers (12 × 32 tiles).
+//! * [`Avx2Fma`]: `core::arch` AVX2 + FMA intrinsics, 8 lanes, 16 registers (6 × 16 tiles).
 //! * [`Portable`]: `wide::f32x8`, whatever the build enables (two SSE halves on a default x86-64
 //!   build, NEON on aarch64). Always available; the only one Miri runs.
 //!
-//! [`backend`] picks one once per process; `SDPA_BACKEND=portable|avx2` forces a choice so that
-//! tests reach every backend on one machine.
+//! The `core::arch` kernels are instantiated inside `#[target_feature]` entry points and chosen at
+//! run time, so a default build (no `-C target-cpu`) is fast on any x86-64 CPU.
+//! [`backend`] picks one once per process; `SDPA_BACKEND=portable|avx2|avx512` forces a choice
+//! (honoured where the CPU supports it) so that tests reach every backend on one machine.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::Avx2Fma;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 
 use std::sync::OnceLock;
 
-/// Lanes per vector. Every backend has 8 f32 lanes (one AVX register), so packed layouts and
-/// register tiles are the same on all of them and results are bitwise identical whatever the
-/// thread count (the backends may differ from each other in the last bits: FMA vs mul+add).
-pub(crate) const LANES: usize = 8;
-
-/// Eight f32 lanes and the operations the micro-kernels need.
+/// f32 lanes and the operations the micro-kernels need.
 ///
 /// Every method is `#[inline(always)]` in the implementations so that a kernel body generic over
 /// `S` compiles, inside a `#[target_feature]` entry point, to straight-line vector code.
 pub(crate) trait Simd: Copy + Send + Sync + 'static {
-    /// One vector of 8 f32 lanes.
+    /// One vector of `LANES` f32 lanes.
     type V: Copy;
+    /// Lanes per vector.
+    const LANES: usize;
+    /// Register-tile height: keys per score tile and rows per output tile (each tile is
+    /// `TILE × 2` vectors of accumulators; see [`crate::microkernel`]).
+    const TILE: usize;
     /// All lanes `x`.
     fn splat(self, x: f32) -> Self::V;
-    /// The first 8 elements of `s` (panics if shorter: callers pass exact 8-element chunks,
-    /// for which the check compiles away).
+    /// The first `LANES` elements of `s` (panics if shorter: callers pass exact chunks, for
+    /// which the check compiles away).
     fn load(self, s: &[f32]) -> Self::V;
-    /// Writes the lanes to the first 8 elements of `s`.
+    /// Writes the lanes to the first `LANES` elements of `s`.
     fn store(self, s: &mut [f32], v: Self::V);
     /// `a + b`.
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
@@ -100,16 +105,38 @@ pub(crate) fn exp2<S: Simd>(s: S, x: S::V) -> S::V {
 
 /// The instruction sets the kernels can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Backend {
+    /// AVX-512F intrinsics (x86-64), detected at run time.
+    Avx512,
     /// AVX2 + FMA intrinsics (x86-64), detected at run time.
     Avx2Fma,
     /// `wide::f32x8`, compiled for whatever the build targets.
     Portable,
 }
 
-/// The backend this process uses: the best one the CPU supports, unless the environment
-/// variable `SDPA_BACKEND` says `portable` (or `avx2`, honoured only where supported).
-/// Decided once and cached.
+/// The register geometry the blocking of a call is derived from: it must be the geometry of
+/// the backend that [`dispatch`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// f32 lanes per vector.
+    pub lanes: usize,
+    /// Register-tile height ([`Simd::TILE`]).
+    pub tile: usize,
+}
+
+impl Geometry {
+    fn of<S: Simd>() -> Self {
+        Geometry {
+            lanes: S::LANES,
+            tile: S::TILE,
+        }
+    }
+}
+
+/// The backend this process uses: the widest one the CPU supports, unless the environment
+/// variable `SDPA_BACKEND` names another (`portable`, `avx2` or `avx512`; a backend the CPU
+/// lacks, or any other value, leaves the automatic choice). Decided once and cached.
 pub fn backend() -> Backend {
     static CHOICE: OnceLock<Backend> = OnceLock::new();
     *CHOICE.get_or_init(|| {
@@ -118,11 +145,29 @@ pub fn backend() -> Backend {
             return Backend::Portable;
         }
         #[cfg(target_arch = "x86_64")]
-        if Avx2Fma::detect().is_some() {
-            return Backend::Avx2Fma;
+        {
+            let avx512 = Avx512::detect().is_some();
+            let avx2 = Avx2Fma::detect().is_some();
+            match forced.as_deref() {
+                Some("avx2") if avx2 => return Backend::Avx2Fma,
+                _ if avx512 => return Backend::Avx512,
+                _ if avx2 => return Backend::Avx2Fma,
+                _ => {}
+            }
         }
         Backend::Portable
     })
+}
+
+/// The register geometry of [`backend`].
+pub(crate) fn geometry() -> Geometry {
+    match backend() {
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => Geometry::of::<Avx512>(),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2Fma => Geometry::of::<Avx2Fma>(),
+        _ => Geometry::of::<Portable>(),
+    }
 }
 
 /// A computation generic over the lanes, run by [`dispatch`] on the chosen backend.
@@ -134,17 +179,20 @@ pub(crate) trait Kernel {
     fn run<S: Simd>(self, simd: S) -> Self::Output;
 }
 
-/// Runs `kernel` on [`backend`]'s lanes.
+/// Runs `kernel` on [`backend`]'s lanes (whose register geometry is [`geometry`]).
 #[inline]
 pub(crate) fn dispatch<K: Kernel>(kernel: K) -> K::Output {
     match backend() {
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2Fma => {
-            if let Some(simd) = Avx2Fma::detect() {
-                return avx2::run(simd, kernel);
-            }
-            kernel.run(Portable)
-        }
+        Backend::Avx512 => match Avx512::detect() {
+            Some(simd) => avx512::run(simd, kernel),
+            None => unreachable!("backend() chose AVX-512 only after detecting it"),
+        },
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2Fma => match Avx2Fma::detect() {
+            Some(simd) => avx2::run(simd, kernel),
+            None => unreachable!("backend() chose AVX2 only after detecting it"),
+        },
         _ => kernel.run(Portable),
     }
 }
@@ -154,9 +202,11 @@ mod tests {
     use super::*;
 
     fn exp2_lanes<S: Simd>(s: S, xs: &[f32; 8]) -> [f32; 8] {
-        let mut out = [0.0; 8];
-        s.store(&mut out, exp2(s, s.load(xs)));
-        out
+        // Lanes beyond 8 (AVX-512) repeat the inputs.
+        let wide: Vec<f32> = xs.iter().copied().cycle().take(S::LANES).collect();
+        let mut out = vec![0.0; S::LANES];
+        s.store(&mut out, exp2(s, s.load(&wide)));
+        out[..8].try_into().unwrap()
     }
 
     struct Exp2Check;
@@ -215,5 +265,14 @@ mod tests {
     fn exp2_is_accurate_on_every_backend() {
         check_exp2(Portable);
         dispatch(Exp2Check);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(s) = Avx2Fma::detect() {
+                avx2::run(s, Exp2Check);
+            }
+            if let Some(s) = Avx512::detect() {
+                avx512::run(s, Exp2Check);
+            }
+        }
     }
 }

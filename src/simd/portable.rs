@@ -11,6 +11,8 @@ pub(crate) struct Portable;
 
 impl Simd for Portable {
     type V = f32x8;
+    const LANES: usize = 8;
+    const TILE: usize = 6;
 
     #[inline(always)]
     fn splat(self, x: f32) -> f32x8 {

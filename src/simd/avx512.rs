@@ -1,0 +1,103 @@
+//! AVX-512F lanes from `core::arch`, usable only through a token that proves the CPU has them.
+
+use super::{Kernel, Simd};
+use core::arch::x86_64::*;
+
+/// Proof that the running CPU supports AVX-512F (and FMA, which AVX-512F implies for 512-bit
+/// vectors): the only constructor is [`Avx512::detect`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512 {
+    _proof: (),
+}
+
+impl Avx512 {
+    /// The token, if the CPU supports AVX-512F (`std` caches the CPUID query).
+    pub fn detect() -> Option<Self> {
+        is_x86_feature_detected!("avx512f").then_some(Self { _proof: () })
+    }
+}
+
+/// The entry point that gives the kernel body AVX-512 code generation. `Kernel::run` and
+/// everything it calls are `#[inline(always)]`, so they are compiled here with the feature on.
+#[target_feature(enable = "avx512f")]
+fn run_with_features<K: Kernel>(simd: Avx512, kernel: K) -> K::Output {
+    kernel.run(simd)
+}
+
+/// Runs `kernel` with AVX-512F code generation.
+#[inline]
+pub(crate) fn run<K: Kernel>(simd: Avx512, kernel: K) -> K::Output {
+    // SAFETY: an `Avx512` value exists only if `detect` found the feature on this CPU.
+    unsafe { run_with_features(simd, kernel) }
+}
+
+// SAFETY (for every `unsafe` block below): the intrinsics need AVX-512F, which the existence of
+// `self: Avx512` proves; loads and stores go through slices whose length is checked first.
+impl Simd for Avx512 {
+    type V = __m512;
+    const LANES: usize = 16;
+    const TILE: usize = 12;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: 16 readable f32s (checked above); unaligned load.
+        unsafe { _mm512_loadu_ps(s.as_ptr()) }
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: __m512) {
+        let s = &mut s[..16];
+        // SAFETY: 16 writable f32s (checked above); unaligned store.
+        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
+    }
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn sub(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn div(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
+    fn abs(self, a: __m512) -> __m512 {
+        unsafe { _mm512_abs_ps(a) }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn max(self, a: __m512, b: __m512) -> __m512 {
+        // vmaxps returns its second source operand when either is NaN.
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    fn min(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    fn floor(self, a: __m512) -> __m512 {
+        // Round toward −∞ (1), exceptions suppressed (8).
+        unsafe { _mm512_roundscale_ps::<0x09>(a) }
+    }
+    #[inline(always)]
+    fn pow2i(self, n: __m512) -> __m512 {
+        // (n + 127) << 23 is the IEEE-754 bit pattern of 2^n; n = −127 gives +0.0.
+        unsafe {
+            let biased = _mm512_cvtps_epi32(_mm512_add_ps(n, _mm512_set1_ps(127.0)));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(biased))
+        }
+    }
+}
