@@ -27,6 +27,9 @@ fn required_len(dims: [usize; 4], strides: [usize; 4]) -> Result<usize, Error> {
 /// each stride must be at least the extent reached by all smaller-stride dims together. Views
 /// that interleave dims in exotic but injective ways are rejected; no ordinary layout is.
 fn is_injective(dims: [usize; 4], strides: [usize; 4]) -> bool {
+    if dims.contains(&0) {
+        return true; // no elements, nothing to overlap
+    }
     let mut order: Vec<usize> = (0..4).filter(|&i| dims[i] > 1).collect();
     order.sort_by_key(|&i| strides[i]);
     let mut extent = 1usize; // elements spanned by the dims placed so far
@@ -34,7 +37,7 @@ fn is_injective(dims: [usize; 4], strides: [usize; 4]) -> bool {
         if strides[i] < extent {
             return false;
         }
-        // Cannot overflow: `required_len` already checked the full span.
+        // Cannot overflow: `required_len` already checked the full span of this non-empty view.
         extent += strides[i] * (dims[i] - 1);
     }
     true

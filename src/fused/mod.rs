@@ -139,7 +139,9 @@ impl<'b> ScratchPool<'b> {
 
 impl Loan<'_, '_> {
     fn get(&mut self) -> &mut Scratch {
-        self.scratch.as_mut().expect("a loan holds its scratch until dropped")
+        self.scratch
+            .as_mut()
+            .expect("a loan holds its scratch until dropped")
     }
 }
 
