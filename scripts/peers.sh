@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Times sdpa against its CPU peers (PyTorch SDPA flash and math backends, ONNX Runtime's
+# MultiHeadAttention) on one grid of shapes, on this machine, and prints a Markdown table.
+#
+#   scripts/peers.sh            full grid (about 10-20 minutes on 2 cores; run it on a quiet machine)
+#   scripts/peers.sh --quick    smoke run: small grid, few repetitions (about a minute after setup)
+#   scripts/peers.sh --setup    only create or check the Python environment, then exit
+#
+# Environment: SDPA_PEERS_VENV (default ~/.cache/sdpa-peers) is the virtual environment that
+# holds torch, onnxruntime, onnx and numpy; it is created on first use (about 3 GB from PyPI,
+# a few minutes) and reused while it imports. SDPA_PEERS_OUT (default target/peers) receives
+# results.jsonl (every JSON line, schema of shared/README.md, plus "round": 1 or 2 for the sdpa
+# runs before and after the peers, and "max_abs_diff" of each peer against torch math) and table.md.
+#
+# Grid (full): B=1, H=8, n_q = n_kv in {512, 2048, 4096}, d in {64, 128}, causal and not,
+# threads 1 and 2; decode: n_q = 1, H = 32, H_kv = 8, d = 128, n_kv in {4096, 16384}, not causal
+# (with one query row, bottom-right causal hides nothing; PyTorch's is_causal is top-left and
+# would hide all but key 0, so no causal decode row is timed).
+#
+# Drift: per shape and thread count the runs go sdpa, peers, sdpa, and sdpa's figure is the
+# median of its two runs' medians, so a drift of the machine's speed that is linear over the
+# few seconds of one shape cancels. GFLOP/s = 4·B·H·n_q·n_kv·d / s, the full unmasked work even
+# when causal (as in shared/README.md).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+venv=${SDPA_PEERS_VENV:-$HOME/.cache/sdpa-peers}
+out_dir=${SDPA_PEERS_OUT:-$root/target/peers}
+mode=full
+for arg in "$@"; do
+  case $arg in
+    --quick) mode=quick ;;
+    --setup) mode=setup ;;
+    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "peers.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+# --- 1. The Python environment with the peers. -------------------------------------------
+py=$venv/bin/python
+peers_ready() {
+  [ -x "$py" ] && "$py" -c 'import torch, onnxruntime, onnx, numpy' >/dev/null 2>&1
+}
+if peers_ready; then
+  echo "peers: reusing $venv" >&2
+else
+  echo "peers: installing torch, onnxruntime, onnx, numpy from PyPI into $venv (about 3 GB)" >&2
+  [ -x "$py" ] || python3 -m venv "$venv"
+  "$py" -m pip install --quiet --upgrade pip
+  # PyPI's torch wheel for Linux x86-64 is the CUDA build and pulls its CUDA libraries (the CPU-only
+  # wheels live on another index); the CPU kernels timed here never touch them.
+  "$py" -m pip install --quiet torch onnxruntime onnx numpy
+  peers_ready || { echo "peers: $venv does not import torch, onnxruntime, onnx, numpy" >&2; exit 1; }
+fi
+"$py" -c 'import torch, onnxruntime; print("peers: torch", torch.__version__, "onnxruntime", onnxruntime.__version__)' >&2
+[ "$mode" = setup ] && exit 0
+
+# --- 2. sdpa's bench example. ------------------------------------------------------------
+(cd "$root" && cargo build --quiet --release --example bench)
+bench=${CARGO_TARGET_DIR:-$root/target}/release/examples/bench
+
+# --- 3. The grid. ------------------------------------------------------------------------
+# A shape is "b h hkv nq nkv d causal".
+shapes=()
+if [ "$mode" = quick ]; then
+  ns=(512); ds=(64 128); threads=(1 2); decode=(4096)
+else
+  ns=(512 2048 4096); ds=(64 128); threads=(1 2); decode=(4096 16384)
+fi
+for n in "${ns[@]}"; do
+  for d in "${ds[@]}"; do
+    for c in 0 1; do shapes+=("1 8 8 $n $n $d $c"); done
+  done
+done
+for nkv in "${decode[@]}"; do shapes+=("1 32 8 1 $nkv 128 0"); done
+
+# Timed calls per run (after one warm-up call): more for cheap shapes, to steady their medians.
+reps_for() { # nq nkv
+  if [ "$mode" = quick ]; then echo 3
+  elif [ "$1" -eq 1 ] || [ $(($1 * $2)) -le $((512 * 512)) ]; then echo 20
+  elif [ $(($1 * $2)) -le $((2048 * 2048)) ]; then echo 7
+  else echo 5
+  fi
+}
+
+mkdir -p "$out_dir"
+results=$out_dir/results.jsonl
+: >"$results"
+started=$SECONDS
+for shape in "${shapes[@]}"; do
+  read -r b h hkv nq nkv d c <<<"$shape"
+  reps=$(reps_for "$nq" "$nkv")
+  args=(--b "$b" --h "$h" --hkv "$hkv" --nq "$nq" --nkv "$nkv" --d "$d" --reps "$reps")
+  [ "$c" = 1 ] && args+=(--causal)
+  for t in "${threads[@]}"; do
+    echo "peers: [$((SECONDS - started)) s] b=$b h=$h hkv=$hkv nq=$nq nkv=$nkv d=$d causal=$c threads=$t reps=$reps" >&2
+    # Every library gets the same thread count (torch and ORT also read these at start).
+    export OMP_NUM_THREADS=$t MKL_NUM_THREADS=$t
+    "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 1 >>"$results"
+    "$py" "$here/peer_time.py" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 1 >>"$results"
+    "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 2 >>"$results"
+  done
+done
+echo "peers: grid done in $((SECONDS - started)) s" >&2
+
+# --- 4. The table. -----------------------------------------------------------------------
+"$py" "$here/peers_table.py" --table <"$results" | tee "$out_dir/table.md"
+echo "peers: JSON lines in $results, table in $out_dir/table.md" >&2
