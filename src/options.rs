@@ -95,7 +95,8 @@ impl<'a> Options<'a> {
 
     /// Sliding-window (local) attention, Mistral style: row `i` sees key `j` only if
     /// `i + off − left ≤ j ≤ i + off + right`. With [`Options::causal`] the effective right
-    /// bound is 0 (pass `right = 0`). `usize::MAX` leaves that side unbounded. Key blocks
+    /// bound is 0 (pass `right = 0`). A side above `i64::MAX` (such as `usize::MAX`) leaves that
+    /// side unbounded. Key blocks
     /// entirely outside the window are skipped, so the cost grows as `n_q · (left + right)`,
     /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an
     /// [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment).
@@ -152,8 +153,10 @@ impl<'a> Options<'a> {
         self
     }
 
-    /// Test hook: the fused kernel adds the number of score tiles (6 keys × up to 16 stacked
-    /// query rows) it computes to `counter`, so tests can check that masked blocks are skipped.
+    /// Test hook: the fused kernel adds the number of score tiles it computes (one tile: the
+    /// backend's tile height of keys × one panel of up to two vectors of stacked query rows;
+    /// 6 × 16 on AVX2, 12 × 32 on AVX-512) to `counter`, so tests can check that masked blocks
+    /// are skipped.
     #[doc(hidden)]
     pub fn count_score_tiles(mut self, counter: &'a std::sync::atomic::AtomicU64) -> Self {
         self.tile_counter = Some(counter);

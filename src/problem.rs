@@ -203,13 +203,15 @@ impl<'a> Problem<'a> {
             alignment = Some(a);
         }
         let diag_offset = alignment.map_or(0, |a| a.offset(n_q, n_kv));
-        let bounded = |x: usize| (x != usize::MAX).then_some(x);
-        let mut right = opts.causal.map(|_| 0);
-        let mut left = None;
-        if let Some((l, r, _)) = opts.window {
-            right = Some(right.map_or(r, |c: usize| c.min(r))).and_then(bounded);
-            left = bounded(l);
-        }
+        // A side wider than any index difference (more than i64::MAX, e.g. usize::MAX or
+        // usize::MAX − 1) bounds nothing.
+        let bounded = |x: usize| i64::try_from(x).is_ok().then_some(x);
+        let window_right = opts.window.and_then(|(_, r, _)| bounded(r));
+        let right = match (opts.causal, window_right) {
+            (Some(_), _) => Some(0),
+            (None, r) => r,
+        };
+        let left = opts.window.and_then(|(l, _, _)| bounded(l));
 
         if let Some(lens) = opts.kv_lens {
             check_len(lens, batch, Operand::KvLens)?;

@@ -51,7 +51,7 @@ impl Item {
 
 /// Per-worker buffers, sized once per call from the [`Blocking`] (never from sequence length).
 pub(crate) struct Scratch {
-    /// Qᵀ panels: panel `t` (rows `16t ..`) holds `d_k` steps of 16 rows.
+    /// Qᵀ panels: panel `t` (rows `2L·t ..`, `L` lanes) holds `d_k` steps of `2L` rows.
     qt: Vec<f32>,
     /// Sᵀ then Pᵀ for one key block: key `j`'s rows at `st[j · rows_pad ..]`.
     st: Vec<f32>,
@@ -114,7 +114,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     let d_k = p.d_k;
     let d_vp = bl.d_v_pad;
 
-    // Q, transposed into 16-row panels and pre-scaled into the log2 domain.
+    // Q, transposed into panels of two vectors of rows, pre-scaled into the log2 domain.
     let q_scale = p.scale * std::f32::consts::LOG2_E;
     let [qs_b, qs_s, qs_h, qs_d] = ops.q.strides();
     let q_data = ops.q.data();
@@ -168,7 +168,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     while j0 < any_hi {
         let j1 = (j0 + bl.kv_block).min(any_hi);
         let c = j1 - j0;
-        // V rows are read in place when they hold whole 16-column panels; packed otherwise.
+        // V rows are read in place when they hold whole vectors; packed otherwise.
         let (v_block, ld_v): (&[f32], usize) = if v_in_place {
             let base = item.batch * vs_b + j0 * vs_s + item.kv_head * vs_h;
             (&ops.v.data()[base..], vs_s)

@@ -1,0 +1,444 @@
+//! The differential grid: random combinations of every option, on random shapes and layouts,
+//! the fused kernel against the f64 reference within `reference::error_bounds` (see
+//! [`super::check`]: per-row bounds, rows with no visible key exactly 0 / −∞).
+
+use super::{check, rng, Buf, Layout};
+use rand::rngs::StdRng;
+use rand::Rng;
+use sdpa::{alibi_slopes, Alignment, Options};
+
+/// One random call: shapes, operands and every option's data (the options borrow from it).
+pub struct Case {
+    pub label: String,
+    pub dims: [usize; 7],
+    pub q: Buf<f32>,
+    pub k: Buf<f32>,
+    pub v: Buf<f32>,
+    pub out_layout: Layout,
+    pub align: Alignment,
+    pub causal: bool,
+    pub window: Option<(usize, usize)>,
+    pub kv_lens: Option<Vec<usize>>,
+    pub bias: Option<Buf<f32>>,
+    pub mask: Option<Buf<bool>>,
+    pub alibi: Option<Vec<f32>>,
+    pub softcap: Option<f32>,
+    pub sinks: Option<Vec<f32>>,
+    pub scale: Option<f32>,
+}
+
+/// Which options a random case may use, and how often (probability of each).
+#[derive(Clone, Copy)]
+pub struct Mix {
+    pub causal: f64,
+    pub window: f64,
+    pub kv_lens: f64,
+    pub bias: f64,
+    pub mask: f64,
+    pub alibi: f64,
+    pub softcap: f64,
+    pub sinks: f64,
+    pub scale: f64,
+}
+
+impl Mix {
+    pub const SOME: Mix = Mix {
+        causal: 0.4,
+        window: 0.4,
+        kv_lens: 0.35,
+        bias: 0.4,
+        mask: 0.35,
+        alibi: 0.35,
+        softcap: 0.35,
+        sinks: 0.35,
+        scale: 0.25,
+    };
+    pub const ALL: Mix = Mix {
+        causal: 1.0,
+        window: 1.0,
+        kv_lens: 1.0,
+        bias: 1.0,
+        mask: 1.0,
+        alibi: 1.0,
+        softcap: 1.0,
+        sinks: 1.0,
+        scale: 1.0,
+    };
+}
+
+/// A `[batch, n_q, heads, n_kv]` bias or mask view: each dim full, of size 1, or full with
+/// stride 0, in a random layout (padding `pad`).
+fn broadcast<T: Copy>(
+    rng: &mut StdRng,
+    want: [usize; 4],
+    pad: T,
+    mut value: impl FnMut(&mut StdRng) -> T,
+) -> Buf<T> {
+    let modes: [u8; 4] = std::array::from_fn(|_| rng.random_range(0..4));
+    // 0, 1: full; 2: size 1; 3: stride 0 over the full size.
+    let stored: [usize; 4] = std::array::from_fn(|a| if modes[a] < 2 { want[a] } else { 1 });
+    let layout = if rng.random_bool(0.5) {
+        Layout::Bshd
+    } else {
+        Layout::random(rng)
+    };
+    let mut buf = Buf::from_fn(stored, layout, pad, |_| value(rng));
+    for a in 0..4 {
+        if modes[a] == 3 {
+            buf.dims[a] = want[a];
+            buf.strides[a] = 0;
+        }
+    }
+    buf
+}
+
+fn pick<T: Copy>(rng: &mut StdRng, xs: &[T]) -> T {
+    xs[rng.random_range(0..xs.len())]
+}
+
+impl Case {
+    /// A random case of the given sizes `[batch, heads, kv_heads, n_q, n_kv, d_k, d_v]`.
+    pub fn random(rng: &mut StdRng, dims: [usize; 7], mix: Mix, label: String) -> Case {
+        let [b, h, hkv, nq, nkv, dk, dv] = dims;
+        let q_range = pick(rng, &[0.5f32, 1.0, 3.0]);
+        let layouts: [Layout; 4] = std::array::from_fn(|_| Layout::random(rng));
+        let q = Buf::random(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
+        let k = Buf::random(rng, [b, nkv, hkv, dk], layouts[1], -1.0, 1.0);
+        let v = Buf::random(rng, [b, nkv, hkv, dv], layouts[2], -1.0, 1.0);
+        let align = if rng.random_bool(0.5) {
+            Alignment::TopLeft
+        } else {
+            Alignment::BottomRight
+        };
+        let want = [b, nq, h, nkv];
+        let causal = rng.random_bool(mix.causal);
+        let window = rng.random_bool(mix.window).then(|| {
+            (
+                pick(rng, &[0, 1, 5, 40, 100, 300, 3000, usize::MAX]),
+                pick(rng, &[0, 3, 17, 200, usize::MAX]),
+            )
+        });
+        let kv_lens = rng.random_bool(mix.kv_lens).then(|| {
+            (0..b)
+                .map(|_| match rng.random_range(0..4) {
+                    0 => 0,
+                    1 => nkv,
+                    _ => rng.random_range(0..=nkv),
+                })
+                .collect()
+        });
+        let bias = rng.random_bool(mix.bias).then(|| {
+            broadcast(rng, want, f32::NAN, |r| {
+                if r.random_bool(0.03) {
+                    f32::NEG_INFINITY
+                } else {
+                    r.random_range(-2.0..2.0)
+                }
+            })
+        });
+        let mask = rng.random_bool(mix.mask).then(|| {
+            let p = pick(rng, &[0.6, 0.95]);
+            broadcast(rng, want, false, |r| r.random_bool(p))
+        });
+        let alibi = rng.random_bool(mix.alibi).then(|| {
+            if rng.random_bool(0.5) {
+                alibi_slopes(h)
+            } else {
+                (0..h).map(|_| rng.random_range(-0.3..1.0)).collect()
+            }
+        });
+        let softcap = rng
+            .random_bool(mix.softcap)
+            .then(|| pick(rng, &[0.5f32, 2.0, 10.0, 30.0, 50.0]));
+        let sinks = rng.random_bool(mix.sinks).then(|| {
+            (0..h)
+                .map(|_| {
+                    if rng.random_bool(0.2) {
+                        f32::NEG_INFINITY
+                    } else {
+                        rng.random_range(-4.0..4.0)
+                    }
+                })
+                .collect()
+        });
+        let scale = rng
+            .random_bool(mix.scale)
+            .then(|| pick(rng, &[0.05f32, 0.3, 1.0, -0.5]));
+        Case {
+            label,
+            dims,
+            q,
+            k,
+            v,
+            out_layout: layouts[3],
+            align,
+            causal,
+            window,
+            kv_lens,
+            bias,
+            mask,
+            alibi,
+            softcap,
+            sinks,
+            scale,
+        }
+    }
+
+    pub fn opts(&self) -> Options<'_> {
+        let mut o = Options::new();
+        if self.causal {
+            o = o.causal(self.align);
+        }
+        if let Some((l, r)) = self.window {
+            o = o.sliding_window(l, r, self.align);
+        }
+        if let Some(lens) = &self.kv_lens {
+            o = o.kv_lens(lens);
+        }
+        if let Some(bias) = &self.bias {
+            o = o.bias(bias.view());
+        }
+        if let Some(mask) = &self.mask {
+            o = o.mask(mask.view());
+        }
+        if let Some(slopes) = &self.alibi {
+            o = o.alibi(slopes, self.align);
+        }
+        if let Some(cap) = self.softcap {
+            o = o.softcap(cap);
+        }
+        if let Some(sinks) = &self.sinks {
+            o = o.sinks(sinks);
+        }
+        if let Some(scale) = self.scale {
+            o = o.scale(scale);
+        }
+        o
+    }
+
+    /// A one-line description of the options in use, for failure messages.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} {:?} {:?}", self.label, self.dims, self.align);
+        let flags = [
+            ("causal", self.causal),
+            ("window", self.window.is_some()),
+            ("kv_lens", self.kv_lens.is_some()),
+            ("bias", self.bias.is_some()),
+            ("mask", self.mask.is_some()),
+            ("alibi", self.alibi.is_some()),
+            ("softcap", self.softcap.is_some()),
+            ("sinks", self.sinks.is_some()),
+            ("scale", self.scale.is_some()),
+        ];
+        for (name, on) in flags {
+            if on {
+                s.push(' ');
+                s.push_str(name);
+            }
+        }
+        if let Some(w) = self.window {
+            s.push_str(&format!(" window={w:?}"));
+        }
+        s
+    }
+
+    pub fn check(&self) -> super::Checked {
+        check(
+            &self.describe(),
+            &self.q.view(),
+            &self.k.view(),
+            &self.v.view(),
+            &self.opts(),
+            self.out_layout,
+        )
+    }
+}
+
+/// Random sizes: GQA ratios 1/2/4/8 (and MQA: one kv head), cross-attention both ways,
+/// d_k ≠ d_v, head sizes 1 … 256; shrunk until the f64 reference stays cheap.
+fn random_dims(rng: &mut StdRng) -> [usize; 7] {
+    let b = pick(rng, &[1, 1, 2, 3]);
+    let hkv = pick(rng, &[1, 1, 2, 3]);
+    let h = hkv * pick(rng, &[1, 2, 4, 8]);
+    let dk = pick(rng, &[1, 2, 8, 17, 32, 64, 80, 128, 256]);
+    let dv = if rng.random_bool(0.5) {
+        dk
+    } else {
+        pick(rng, &[1, 5, 16, 33, 64, 80, 128])
+    };
+    let ns: [usize; 12] = [1, 2, 3, 7, 16, 31, 48, 97, 130, 193, 256, 300];
+    let mut nq = pick(rng, &ns);
+    let mut nkv = pick(rng, &ns);
+    // Budget for the reference and the bounds: ~8M multiply-adds each.
+    while b * h * nq * nkv * (dk + dv) > 8_000_000 {
+        if nq >= nkv {
+            nq = nq.div_ceil(2);
+        } else {
+            nkv = nkv.div_ceil(2);
+        }
+    }
+    [b, h, hkv, nq, nkv, dk, dv]
+}
+
+#[test]
+fn random_option_combinations_match_the_reference() {
+    let mut rng = rng(0x7a41_2024);
+    let cases = 200;
+    let mut worst = 0.0f64;
+    let mut empty = 0;
+    let mut rows = 0;
+    let mut cross = [0, 0];
+    for case in 0..cases {
+        let dims = random_dims(&mut rng);
+        // Every 8th case uses every option at once.
+        let mix = if case % 8 == 0 { Mix::ALL } else { Mix::SOME };
+        let c = Case::random(&mut rng, dims, mix, format!("case {case}"));
+        let r = c.check();
+        worst = worst.max(r.worst);
+        empty += r.empty_rows;
+        rows += r.bounds.len();
+        let [_, _, _, nq, nkv, ..] = dims;
+        cross[0] += usize::from(nq < nkv);
+        cross[1] += usize::from(nq > nkv);
+    }
+    eprintln!(
+        "{cases} cases: worst error/bound {worst:.3e}, {empty} of {rows} rows empty, \
+         cross {cross:?}"
+    );
+    // The grid did reach the interesting corners, and most rows do see keys.
+    assert!(
+        empty > 0 && empty * 2 < rows,
+        "{empty} of {rows} rows without visible keys"
+    );
+    assert!(
+        cross[0] > 10 && cross[1] > 10,
+        "cross-attention both ways: {cross:?}"
+    );
+}
+
+/// Decode: a few query rows against a long KV cache with few kv heads, which the fused kernel
+/// splits into key ranges (split-KV) and merges; random options on top.
+#[test]
+fn decode_shapes_with_split_kv_match_the_reference() {
+    let mut rng = rng(0xdec0de);
+    // [batch, heads, kv_heads, n_q, n_kv, d_k, d_v]
+    let shapes: [[usize; 7]; 8] = [
+        [1, 8, 1, 1, 4096, 128, 128],
+        [1, 8, 2, 1, 8192 + 5, 64, 64],
+        [1, 4, 1, 4, 5000, 64, 80],
+        [2, 2, 1, 3, 4133, 17, 33],
+        [1, 32, 8, 1, 4096, 64, 64],
+        [1, 1, 1, 2, 9000, 80, 16],
+        [2, 4, 2, 1, 4100, 128, 64],
+        [1, 2, 2, 4, 6000, 256, 128],
+    ];
+    let mut worst = 0.0f64;
+    for (n, dims) in shapes.into_iter().enumerate() {
+        for rep in 0..2 {
+            let mix = if rep == 0 { Mix::SOME } else { Mix::ALL };
+            let c = Case::random(&mut rng, dims, mix, format!("decode {n}.{rep}"));
+            worst = worst.max(c.check().worst);
+        }
+    }
+    eprintln!("decode: worst error/bound {worst:.3e}");
+}
+
+/// Split points of the fused kernel for a decode shape, to aim keys at them. This restates
+/// `Blocking::kv_splits` (32 work units, at least 1024 keys per split); if that changes the
+/// test still checks the same keys, only less pointedly.
+fn splits(batch: usize, kv_heads: usize, n_kv: usize) -> usize {
+    (32 / (batch * kv_heads)).min(n_kv / 1024).max(1)
+}
+
+/// "Every key matters": the error bound grows with n_kv, so a dropped key could hide inside it.
+/// Here one key at a time gets a score ~20 above the rest and a distinctive value, so that it
+/// carries > 90% of the weight of every row that sees it (checked on the reference), and the
+/// fused result must still be within the bound: dropping or double-counting that key would miss
+/// by ~8 against a bound of ~1e-2. The keys sit on block and split boundaries.
+#[test]
+fn every_key_matters_on_block_and_split_boundaries() {
+    let mut rng = rng(0xe4e7);
+    // [batch, heads, kv_heads, n_q, n_kv, d_k, d_v]
+    let shapes: [[usize; 7]; 3] = [
+        [1, 4, 1, 1, 8192 + 5, 64, 64],
+        [1, 2, 2, 3, 4100, 128, 80],
+        [2, 4, 1, 2, 4500, 32, 32],
+    ];
+    const V_BIG: f32 = 8.0;
+    for dims in shapes {
+        let [b, h, hkv, nq, nkv, dk, dv] = dims;
+        let s = splits(b, hkv, nkv);
+        let chunk = nkv.div_ceil(s);
+        let mut keys = vec![
+            0,
+            1,
+            167,
+            168,
+            191,
+            192,
+            1023,
+            1024,
+            2047,
+            2048,
+            nkv - 2,
+            nkv - 1,
+        ];
+        for m in 1..s {
+            keys.extend([m * chunk - 1, m * chunk, m * chunk + 1]);
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys.retain(|&j| j < nkv);
+
+        // Queries positive, so that a key of all-`boost` entries scores
+        // ≥ 0.5 · d · boost / √d = 20 (default scale) while the others stay near 0.
+        let q = Buf::random(&mut rng, [b, nq, h, dk], Layout::Bshd, 0.5, 1.0);
+        let k0 = Buf::random(&mut rng, [b, nkv, hkv, dk], Layout::Bhsd, -1.0, 1.0);
+        let v0 = Buf::random(&mut rng, [b, nkv, hkv, dv], Layout::Bshd, -1.0, 1.0);
+        let boost = 40.0 / (dk as f32).sqrt();
+        for (n, &j) in keys.iter().enumerate() {
+            let (mut k, mut v) = (k0.clone(), v0.clone());
+            for bb in 0..b {
+                for hk in 0..hkv {
+                    for c in 0..dk {
+                        k.set([bb, j, hk, c], boost);
+                    }
+                    for c in 0..dv {
+                        v.set([bb, j, hk, c], V_BIG + (c % 3) as f32);
+                    }
+                }
+            }
+            let causal = n % 2 == 1;
+            let opts = if causal {
+                Options::new().causal(Alignment::BottomRight)
+            } else {
+                Options::new()
+            };
+            let label = format!("{dims:?} key {j} causal={causal} splits={s}");
+            let r = check(&label, &q.view(), &k.view(), &v.view(), &opts, Layout::Bshd);
+            // The test has teeth: every row that sees key j puts > 90% of its weight on it.
+            let mut seen = 0;
+            for bb in 0..b {
+                for i in 0..nq {
+                    if causal && j > i + nkv - nq {
+                        continue;
+                    }
+                    seen += 1;
+                    for hh in 0..h {
+                        let row = r.reference.row(bb, i, hh);
+                        for (c, &x) in row.iter().enumerate() {
+                            let want = V_BIG + (c % 3) as f32;
+                            assert!((x - want).abs() < 0.1 * want, "{label}: weak key: {x}");
+                        }
+                        let bound = r.bounds[(bb * h + hh) * nq + i].out;
+                        assert!(
+                            bound < 0.1,
+                            "{label}: bound {bound} too loose to see the key"
+                        );
+                    }
+                }
+            }
+            assert!(seen > 0, "{label}: no row sees the key");
+        }
+    }
+}
