@@ -165,6 +165,14 @@ pub enum Error {
     /// Two options place the diagonal differently (e.g. `causal(TopLeft)` with
     /// `sliding_window(.., BottomRight)`): one call has one diagonal.
     ConflictingAlignment,
+    /// The reference's `n_q × n_kv` f64 score matrix does not fit in memory (possible with
+    /// broadcast views of huge sequence lengths). The fused kernel never needs it.
+    ScoreMatrixTooLarge {
+        /// Query rows.
+        n_q: usize,
+        /// Keys.
+        n_kv: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -220,6 +228,10 @@ impl fmt::Display for Error {
                 "{operand} tensor: {dim} dimension is {got}, expected {expected} or 1 (broadcast)"
             ),
             Error::NoPartials => f.write_str("merge needs at least one partial result"),
+            Error::ScoreMatrixTooLarge { n_q, n_kv } => write!(
+                f,
+                "the reference's {n_q} × {n_kv} score matrix does not fit in memory"
+            ),
             Error::ConflictingAlignment => f.write_str(
                 "causal, sliding window and ALiBi must use the same alignment in one call",
             ),

@@ -23,7 +23,8 @@ use crate::tensor::{Tensor, TensorMut};
 /// [`crate::attention`], computed in f64 with the whole score matrix in memory.
 ///
 /// # Errors
-/// The same as [`crate::attention`].
+/// The same as [`crate::attention`], plus [`Error::ScoreMatrixTooLarge`] when the score matrix
+/// of one (batch, head) cannot be allocated.
 pub fn attention(
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
@@ -32,15 +33,14 @@ pub fn attention(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
-    run(&problem, q, k, v, out, None);
-    Ok(())
+    run(&problem, q, k, v, out, None)
 }
 
 /// Reference attention that also writes the natural-log log-sum-exp of each row's scores,
 /// `lse` laid out `[batch][heads][n_q]`; `−∞` for rows with no visible key.
 ///
 /// # Errors
-/// The same as [`crate::attention_lse`].
+/// The same as [`crate::attention_lse`], plus [`Error::ScoreMatrixTooLarge`].
 pub fn attention_lse(
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
@@ -50,8 +50,7 @@ pub fn attention_lse(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
-    run(&problem, q, k, v, out, Some(lse));
-    Ok(())
+    run(&problem, q, k, v, out, Some(lse))
 }
 
 fn at(t: &Tensor<'_, f32>, index: [usize; 4]) -> f64 {
@@ -66,9 +65,18 @@ fn run(
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
     mut lse: Option<&mut [f32]>,
-) {
+) -> Result<(), Error> {
     let scale = f64::from(p.scale);
-    let mut scores = vec![0.0f64; p.n_q * p.n_kv];
+    // The whole score matrix of one (batch, head): broadcast views can make it larger than
+    // memory, which must be an error, not an abort.
+    let too_large = Error::ScoreMatrixTooLarge {
+        n_q: p.n_q,
+        n_kv: p.n_kv,
+    };
+    let len = p.n_q.checked_mul(p.n_kv).ok_or(too_large.clone())?;
+    let mut scores = Vec::new();
+    scores.try_reserve_exact(len).map_err(|_| too_large)?;
+    scores.resize(len, 0.0f64);
     for b in 0..p.batch {
         for h in 0..p.heads {
             let hk = p.kv_head(h);
@@ -159,6 +167,7 @@ fn run(
             }
         }
     }
+    Ok(())
 }
 
 /// How far the fused kernel's result may be from the f64 reference for one query row.
