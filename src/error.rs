@@ -173,6 +173,13 @@ pub enum Error {
         /// Keys.
         n_kv: usize,
     },
+    /// The fused kernel's per-worker buffers (which grow with the head sizes, never with the
+    /// sequence lengths) cannot be allocated: possible only when broadcast (stride-0) views
+    /// declare an enormous head size over a small slice.
+    ScratchTooLarge {
+        /// Bytes one worker's buffers need (saturated at `usize::MAX`).
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -231,6 +238,10 @@ impl fmt::Display for Error {
             Error::ScoreMatrixTooLarge { n_q, n_kv } => write!(
                 f,
                 "the reference's {n_q} × {n_kv} score matrix does not fit in memory"
+            ),
+            Error::ScratchTooLarge { bytes } => write!(
+                f,
+                "the fused kernel's per-worker buffers ({bytes} bytes) cannot be allocated"
             ),
             Error::ConflictingAlignment => f.write_str(
                 "causal, sliding window and ALiBi must use the same alignment in one call",

@@ -86,7 +86,9 @@ use problem::Problem;
 /// # Errors
 /// [`Error::ShapeMismatch`] when the dims of K, V or `out` do not match Q's (and each other);
 /// [`Error::HeadsNotDivisible`] when `H` is not a positive multiple of `H_kv`;
-/// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale.
+/// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale;
+/// the option errors listed on [`Options`]; [`Error::ScratchTooLarge`] when the per-worker
+/// buffers cannot be allocated (only possible with broadcast views declaring a huge head size).
 pub fn attention(
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
@@ -95,8 +97,7 @@ pub fn attention(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
-    fused::run(&problem, q, k, v, out, None);
-    Ok(())
+    fused::run(&problem, q, k, v, out, None)
 }
 
 /// [`attention`] that also writes the log-sum-exp of every row's scores: `lse[(b·H + h)·n_q + i]
@@ -113,6 +114,5 @@ pub fn attention_lse(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
-    fused::run(&problem, q, k, v, out, Some(lse));
-    Ok(())
+    fused::run(&problem, q, k, v, out, Some(lse))
 }

@@ -511,3 +511,38 @@ fn operand_and_dim_names() {
         assert_eq!(d.to_string(), name);
     }
 }
+
+/// A stride-0 view may declare any head size over one element: the fused kernel's buffers grow
+/// with the head size, so an impossible one is a typed error, never an allocation abort.
+#[test]
+fn broadcast_views_with_an_impossible_head_size_are_an_error_not_an_abort() {
+    let one = [0.5f32];
+    let huge = 1usize << 60;
+    let q = sdpa::Tensor::new(&one, [1, 2, 1, huge], [0, 0, 0, 0]).unwrap();
+    let k = sdpa::Tensor::new(&one, [1, 3, 1, huge], [0, 0, 0, 0]).unwrap();
+    let v = sdpa::Tensor::new(&one, [1, 3, 1, 1], [0, 0, 0, 0]).unwrap();
+    let mut out = [0.0f32; 2];
+    let mut view = sdpa::TensorMut::bshd(&mut out, [1, 2, 1, 1]).unwrap();
+    let err = sdpa::attention(&q, &k, &v, &mut view, &sdpa::Options::new()).unwrap_err();
+    assert!(
+        matches!(err, sdpa::Error::ScratchTooLarge { bytes } if bytes > huge),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("cannot be allocated"));
+    assert_eq!(out, [0.0, 0.0], "nothing written on error");
+}
+
+/// The reference materializes n_q × n_kv scores per head: broadcast views can ask for more than
+/// memory holds, which is a typed error.
+#[test]
+fn reference_score_matrix_larger_than_memory_is_an_error() {
+    let one = [0.5f32];
+    let (n_q, n_kv) = (1usize << 20, 1usize << 44);
+    let q = sdpa::Tensor::new(&one, [1, n_q, 1, 1], [0, 0, 0, 0]).unwrap();
+    let k = sdpa::Tensor::new(&one, [1, n_kv, 1, 1], [0, 0, 0, 0]).unwrap();
+    let v = sdpa::Tensor::new(&one, [1, n_kv, 1, 0], [0, 0, 0, 0]).unwrap();
+    let mut out: [f32; 0] = [];
+    let mut view = sdpa::TensorMut::new(&mut out, [1, n_q, 1, 0], [0, 0, 0, 0]).unwrap();
+    let err = sdpa::reference::attention(&q, &k, &v, &mut view, &sdpa::Options::new()).unwrap_err();
+    assert_eq!(err, sdpa::Error::ScoreMatrixTooLarge { n_q, n_kv });
+}

@@ -8,6 +8,7 @@
 mod blocking;
 mod stream;
 
+use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
@@ -111,6 +112,7 @@ impl RowWriter {
 /// once, so memory stays O(threads × block).
 struct ScratchPool<'b> {
     blocking: &'b Blocking,
+    pack_k: bool,
     free: Mutex<Vec<Scratch>>,
 }
 
@@ -121,18 +123,29 @@ struct Loan<'p, 'b> {
 }
 
 impl<'b> ScratchPool<'b> {
-    fn new(blocking: &'b Blocking) -> Self {
-        ScratchPool {
+    /// A pool holding one scratch, or the error if even one cannot be allocated.
+    fn new(blocking: &'b Blocking, pack_k: bool) -> Result<Self, Error> {
+        let first = Scratch::try_new(blocking, pack_k).ok_or(Error::ScratchTooLarge {
+            bytes: Scratch::bytes(blocking, pack_k),
+        })?;
+        Ok(ScratchPool {
             blocking,
-            free: Mutex::new(Vec::new()),
-        }
+            pack_k,
+            free: Mutex::new(vec![first]),
+        })
     }
 
     fn take(&self) -> Loan<'_, 'b> {
         let reused = self.free.lock().ok().and_then(|mut free| free.pop());
+        let scratch = reused.unwrap_or_else(|| {
+            // The first scratch of this size was allocated in `new`; failing now means the
+            // process ran out of memory mid-call, which std's allocation functions abort on.
+            Scratch::try_new(self.blocking, self.pack_k)
+                .unwrap_or_else(|| std::alloc::handle_alloc_error(std::alloc::Layout::new::<f32>()))
+        });
         Loan {
             pool: self,
-            scratch: Some(reused.unwrap_or_else(|| Scratch::new(self.blocking))),
+            scratch: Some(scratch),
         }
     }
 }
@@ -176,9 +189,9 @@ pub(crate) fn run(
     v: &Tensor<'_, f32>,
     out: &mut TensorMut<'_, f32>,
     lse: Option<&mut [f32]>,
-) {
+) -> Result<(), Error> {
     if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && lse.is_none()) {
-        return;
+        return Ok(());
     }
     let blocking = Blocking::for_problem(problem, geometry());
     let ops = Operands {
@@ -219,7 +232,7 @@ pub(crate) fn run(
     };
     let group = blocking.group;
     let d_vp = blocking.d_v_pad;
-    let pool = ScratchPool::new(&blocking);
+    let pool = ScratchPool::new(&blocking, k.strides()[3] != 1)?;
 
     if splits == 1 {
         (0..n_items).into_par_iter().for_each_init(
@@ -245,7 +258,7 @@ pub(crate) fn run(
                 }
             },
         );
-        return;
+        return Ok(());
     }
 
     // Split-KV: every (item, split) streams its key range into a slot of partial results
@@ -297,4 +310,5 @@ pub(crate) fn run(
                 }
             },
         );
+    Ok(())
 }

@@ -78,23 +78,59 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    pub fn new(b: &Blocking) -> Self {
-        let rows_pad = b.rows_pad();
-        Scratch {
-            qt: vec![0.0; rows_pad * b.d_k],
-            st: vec![0.0; b.kv_block * rows_pad],
-            v: vec![0.0; b.kv_block * b.d_v_pad],
-            k: Vec::new(),
-            o: vec![0.0; rows_pad * b.d_v_pad],
-            m: vec![0.0; rows_pad],
-            l: vec![0.0; rows_pad],
-            alpha: vec![0.0; rows_pad],
-            lo: vec![0; rows_pad],
-            hi: vec![0; rows_pad],
-            alibi_pos: vec![0.0; rows_pad],
-            alibi_slope: vec![0.0; rows_pad],
-            tiles: 0,
+    /// Buffers for `b`, or `None` if they cannot be allocated (a broadcast Q or K view can
+    /// declare an enormous head size over a tiny slice). `pack_k`: K's head dim is strided, so
+    /// its blocks need a packing buffer too.
+    pub fn try_new(b: &Blocking, pack_k: bool) -> Option<Self> {
+        fn zeroed<T: Clone + Default>(len: Option<usize>) -> Option<Vec<T>> {
+            let len = len?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(len).ok()?;
+            v.resize(len, T::default());
+            Some(v)
         }
+        let rows_pad = b.rows_pad();
+        let k_len = if pack_k {
+            b.kv_block.checked_mul(b.d_k)
+        } else {
+            Some(0)
+        };
+        Some(Scratch {
+            qt: zeroed(rows_pad.checked_mul(b.d_k))?,
+            st: zeroed(b.kv_block.checked_mul(rows_pad))?,
+            v: zeroed(b.kv_block.checked_mul(b.d_v_pad))?,
+            k: zeroed(k_len)?,
+            o: zeroed(rows_pad.checked_mul(b.d_v_pad))?,
+            m: zeroed(Some(rows_pad))?,
+            l: zeroed(Some(rows_pad))?,
+            alpha: zeroed(Some(rows_pad))?,
+            lo: zeroed(Some(rows_pad))?,
+            hi: zeroed(Some(rows_pad))?,
+            alibi_pos: zeroed(Some(rows_pad))?,
+            alibi_slope: zeroed(Some(rows_pad))?,
+            tiles: 0,
+        })
+    }
+
+    /// Bytes [`Scratch::try_new`] asks for (saturating), for the error it reports.
+    pub fn bytes(b: &Blocking, pack_k: bool) -> usize {
+        let rows_pad = b.rows_pad();
+        let floats = [
+            rows_pad.saturating_mul(b.d_k),
+            b.kv_block.saturating_mul(rows_pad),
+            b.kv_block.saturating_mul(b.d_v_pad),
+            if pack_k {
+                b.kv_block.saturating_mul(b.d_k)
+            } else {
+                0
+            },
+            rows_pad.saturating_mul(b.d_v_pad),
+            rows_pad.saturating_mul(5),
+        ];
+        let words = 2 * rows_pad * std::mem::size_of::<usize>();
+        floats
+            .iter()
+            .fold(words, |acc, &f| acc.saturating_add(f.saturating_mul(4)))
     }
 }
 
@@ -158,9 +194,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     let [ks_b, ks_s, ks_h, ks_d] = ops.k.strides();
     let k_data = ops.k.data();
     let k_contiguous = ks_d == 1;
-    if !k_contiguous && sc.k.len() < bl.kv_block * d_k {
-        sc.k.resize(bl.kv_block * d_k, 0.0);
-    }
+    debug_assert!(k_contiguous || sc.k.len() >= bl.kv_block * d_k);
 
     let [vs_b, vs_s, vs_h, vs_d] = ops.v.strides();
     let v_in_place = vs_d == 1 && p.d_v == d_vp;
