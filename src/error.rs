@@ -180,6 +180,12 @@ pub enum Error {
         /// Bytes one worker's buffers need (saturated at `usize::MAX`).
         bytes: usize,
     },
+    /// [`reference::error_bounds`](crate::reference::error_bounds) cannot allocate one bound
+    /// per row (broadcast views of enormous shapes).
+    TooManyRows {
+        /// `batch · heads · n_q` (saturated at `usize::MAX`).
+        rows: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -243,6 +249,9 @@ impl fmt::Display for Error {
                 f,
                 "the fused kernel's per-worker buffers ({bytes} bytes) cannot be allocated"
             ),
+            Error::TooManyRows { rows } => {
+                write!(f, "{rows} per-row error bounds cannot be allocated")
+            }
             Error::ConflictingAlignment => f.write_str(
                 "causal, sliding window and ALiBi must use the same alignment in one call",
             ),

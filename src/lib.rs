@@ -45,8 +45,13 @@
 //!   `0 · NaN = 0 · ∞ = NaN`.
 //! * ±∞ in Q or K follows IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
 //! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted
-//!   before exponentiating. The fused kernel folds `scale · log₂e` into Q, so the *scaled*
-//!   score must be representable in f32 (|s| < 3.4e38), as it must in any f32 softmax.
+//!   before exponentiating. The fused kernel scales the f32 dot products (by `scale`, then by
+//!   `log₂e`), so each dot product and each scaled score must be representable in f32
+//!   (`|q·k|, |s| < 3.4e38`; `|s| < 2.3e38` in log2 units), as in any f32 softmax.
+//! * Values: like every FlashAttention-style kernel, the fused one accumulates the unnormalized
+//!   `Σ_j p_ij v_j` (weights up to 1 each) and divides once at the end, so values must satisfy
+//!   `|v| · n_visible < 3.4e38` (always true for `|v| < 3.4e38 / n_kv`); beyond that the
+//!   accumulator can overflow to ±∞. The reference has no such limit.
 //! * Accuracy: the fused result is within [`reference::error_bounds`] of the f64 reference, a
 //!   worst-case bound derived from the f32 rounding of each step (its doc has the formula).
 //! * Determinism: block sizes and key splits depend on the shape only, and every query row is

@@ -33,10 +33,11 @@ pub enum Alignment {
 
 impl Alignment {
     /// The key index that query row 0 is aligned with, `off` in the crate's formulas.
-    pub fn offset(self, n_q: usize, n_kv: usize) -> i64 {
+    /// (i128: exact for any pair of lengths, which broadcast views can make huge.)
+    pub fn offset(self, n_q: usize, n_kv: usize) -> i128 {
         match self {
             Alignment::TopLeft => 0,
-            Alignment::BottomRight => n_kv as i64 - n_q as i64,
+            Alignment::BottomRight => n_kv as i128 - n_q as i128,
         }
     }
 }
@@ -95,7 +96,7 @@ impl<'a> Options<'a> {
 
     /// Sliding-window (local) attention, Mistral style: row `i` sees key `j` only if
     /// `i + off − left ≤ j ≤ i + off + right`. With [`Options::causal`] the effective right
-    /// bound is 0 (pass `right = 0`). A side above `i64::MAX` (such as `usize::MAX`) leaves that
+    /// bound is 0 (pass `right = 0`). A side of `usize::MAX` or `usize::MAX − 1` (any side above `i64::MAX`) leaves that
     /// side unbounded. Key blocks
     /// entirely outside the window are skipped, so the cost grows as `n_q · (left + right)`,
     /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an

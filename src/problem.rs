@@ -74,7 +74,7 @@ pub(crate) struct Problem<'a> {
     pub d_v: usize,
     pub scale: f32,
     /// Key index aligned with query row 0 (`off`) for the diagonal of causal, window and ALiBi.
-    pub diag_offset: i64,
+    pub diag_offset: i128,
     /// Keys visible after the diagonal: row `i` sees `j ≤ i + off + right`. `None`: unbounded.
     pub right: Option<usize>,
     /// Keys visible before the diagonal: row `i` sees `j ≥ i + off − left`. `None`: unbounded.
@@ -111,29 +111,29 @@ impl<'a> Problem<'a> {
     /// (the literal definition; the reference uses it element by element). The boolean mask
     /// and `−∞` biases are applied separately, per head.
     pub fn is_visible(&self, b: usize, i: usize, j: usize) -> bool {
-        let center = i as i64 + self.diag_offset;
-        let j = j as i64;
+        let center = i as i128 + self.diag_offset;
+        let j = j as i128;
         let before_right_edge = self
             .right
-            .is_none_or(|r| j <= center.saturating_add(r as i64));
+            .is_none_or(|r| j <= center.saturating_add(r as i128));
         let after_left_edge = self
             .left
-            .is_none_or(|l| j >= center.saturating_sub(l as i64));
-        before_right_edge && after_left_edge && j < self.kv_len(b) as i64
+            .is_none_or(|l| j >= center.saturating_sub(l as i128));
+        before_right_edge && after_left_edge && j < self.kv_len(b) as i128
     }
 
     /// The half-open range `[lo, hi)` of keys that pass the causal, window and key-length masks
     /// for row `i` of batch `b`. Empty when `lo ≥ hi`. The fused kernel skips key blocks
     /// outside it.
     pub fn visible_keys(&self, b: usize, i: usize) -> (usize, usize) {
-        let n_kv = self.kv_len(b) as i64;
-        let center = i as i64 + self.diag_offset;
+        let n_kv = self.kv_len(b) as i128;
+        let center = i as i128 + self.diag_offset;
         let hi = match self.right {
-            Some(r) => center.saturating_add(r as i64).saturating_add(1).min(n_kv),
+            Some(r) => center.saturating_add(r as i128).saturating_add(1).min(n_kv),
             None => n_kv,
         };
         let lo = match self.left {
-            Some(l) => center.saturating_sub(l as i64).max(0),
+            Some(l) => center.saturating_sub(l as i128).max(0),
             None => 0,
         };
         let hi = hi.max(0) as usize;

@@ -212,13 +212,16 @@ fn gamma(n: usize) -> f64 {
 ///    key of value 0) in f32 adds `γ_n` on each sum, and the
 ///    final division and f32 rounding of the reference add `2u`, all relative to `max ‖v_j‖_∞`.
 ///
-/// So `out ≤ max‖v‖ · (2θ/(1−θ) + 2γ_n + 2u)` and `lse ≤ Δ + θ + γ_n + u·|lse|`.
+/// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u)` (the second term: both results are
+/// convex combinations of the values, whatever the weights; it takes over when `θ ≥ 1`) and
+/// `lse ≤ Δ + θ + γ_n + u·|lse|`.
 /// Rows with no visible key and no sink get 0 (the fused kernel writes exactly 0 and −∞ there).
 /// The bound is NaN where inputs are NaN; non-finite inputs follow the documented semantics
 /// instead.
 ///
 /// # Errors
-/// The same as [`attention`] for the shapes and options (no output is needed).
+/// The same as [`attention`] for the shapes and options (no output is needed), plus
+/// [`Error::TooManyRows`] when `batch · heads · n_q` bounds cannot be allocated.
 pub fn error_bounds(
     q: &Tensor<'_, f32>,
     k: &Tensor<'_, f32>,
@@ -230,7 +233,14 @@ pub fn error_bounds(
     let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
     let scale = f64::from(p.scale).abs();
     let off = p.diag_offset as f64;
-    let mut bounds = Vec::with_capacity(batch * heads * n_q);
+    let rows = batch
+        .checked_mul(heads)
+        .and_then(|x| x.checked_mul(n_q))
+        .unwrap_or(usize::MAX);
+    let mut bounds = Vec::new();
+    bounds
+        .try_reserve_exact(rows)
+        .map_err(|_| Error::TooManyRows { rows })?;
     for b in 0..p.batch {
         for h in 0..p.heads {
             let hk = p.kv_head(h);
@@ -295,8 +305,17 @@ pub fn error_bounds(
                 bounds.push(if terms == 0 {
                     ErrorBound { out: 0.0, lse: 0.0 }
                 } else {
+                    // Both results are convex combinations of the visible values (rounded), so
+                    // they are never further apart than 2·max‖v‖ (plus rounding): the cap when
+                    // θ is too large for the first-order formula (θ ≥ 1 makes it negative).
+                    let cap = v_max * (2.0 + 4.0 * U);
+                    let first_order = if theta < 1.0 {
+                        v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(terms) + 2.0 * U)
+                    } else {
+                        f64::INFINITY
+                    };
                     ErrorBound {
-                        out: v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(terms) + 2.0 * U),
+                        out: first_order.min(cap),
                         lse: delta + theta + gamma(terms) + U * lse_mag,
                     }
                 });

@@ -77,6 +77,9 @@ impl RowWriter {
     ) {
         let [_, n_q, heads, d_v] = self.dims;
         debug_assert!(b < self.dims[0] && i < n_q && h < heads && o.len() >= d_v);
+        // No weight from any key: the output is exactly 0 even with a sink, and even if the
+        // accumulator caught a NaN or ∞ from V through an exact-zero weight (0 · NaN).
+        let saw_no_key = l == 0.0;
         let top = m.max(sink2);
         let (o_scale, l) = if sink2 == f32::NEG_INFINITY {
             (1.0, l)
@@ -87,8 +90,9 @@ impl RowWriter {
         let inv = if l == 0.0 { 0.0 } else { o_scale / l };
         let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
         for (x, &ox) in o[..d_v].iter().enumerate() {
+            let value = if saw_no_key { 0.0 } else { ox * inv };
             // SAFETY: see the function's contract.
-            unsafe { *self.out.add(base + x * self.strides[3]) = ox * inv };
+            unsafe { *self.out.add(base + x * self.strides[3]) = value };
         }
         if !self.lse.is_null() {
             let idx = (b * heads + h) * n_q + i;

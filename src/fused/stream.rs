@@ -1,8 +1,9 @@
 //! One work item of the fused kernel: a block of stacked query rows streamed against its key
 //! blocks with the online softmax (FlashAttention-2 forward, `../shared/NOTES.md` §2).
 //!
-//! Scores live in the log2 domain: Q is pre-multiplied by `scale · log₂e` when it is packed, so
-//! `exp(s − m)` becomes `2^(s' − m')`, one multiply fewer per score. The running max `m` starts
+//! Scores live in the log2 domain: right after the dot products they are multiplied by `scale`
+//! and `log₂e`, so `exp(s − m)` becomes `2^(s' − m')` and every later step (softcap, bias,
+//! ALiBi, max, exponent) works on `s' = s·log₂e`. The running max `m` starts
 //! at `−f32::MAX` instead of `−∞` and never goes below it, so `s − m` is `−∞` (weight exactly 0)
 //! for masked scores and never `−∞ − (−∞) = NaN`, with no branch.
 
@@ -150,8 +151,8 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     let d_k = p.d_k;
     let d_vp = bl.d_v_pad;
 
-    // Q, transposed into panels of two vectors of rows, pre-scaled into the log2 domain.
-    let q_scale = p.scale * std::f32::consts::LOG2_E;
+    // Q, transposed into panels of two vectors of rows (as given: the scale is applied to
+    // the scores).
     let [qs_b, qs_s, qs_h, qs_d] = ops.q.strides();
     let q_data = ops.q.data();
     sc.qt[..rows_pad.div_ceil(NR) * NR * d_k].fill(0.0);
@@ -161,7 +162,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
         let base = item.batch * qs_b + i * qs_s + h * qs_h;
         let panel = &mut sc.qt[(r / NR) * NR * d_k..][..NR * d_k];
         for c in 0..d_k {
-            panel[c * NR + r % NR] = q_data[base + c * qs_d] * q_scale;
+            panel[c * NR + r % NR] = q_data[base + c * qs_d];
         }
     }
 
@@ -171,7 +172,7 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     for r in 0..rows {
         let (h, i) = item.row_origin(group, r);
         if let Some(slopes) = p.alibi {
-            sc.alibi_pos[r] = (i as i64 + p.diag_offset) as f32;
+            sc.alibi_pos[r] = (i as i128 + p.diag_offset) as f32;
             sc.alibi_slope[r] = slopes[h] * std::f32::consts::LOG2_E;
         }
         let (lo, hi) = p.visible_keys(item.batch, i);
@@ -197,7 +198,8 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
     debug_assert!(k_contiguous || sc.k.len() >= bl.kv_block * d_k);
 
     let [vs_b, vs_s, vs_h, vs_d] = ops.v.strides();
-    let v_in_place = vs_d == 1 && p.d_v == d_vp;
+    // Nothing to read when d_v = 0 (LSE only): the view may be empty, with any strides.
+    let v_in_place = vs_d == 1 && p.d_v == d_vp && p.d_v > 0;
     let mut j0 = any_lo;
     while j0 < any_hi {
         let j1 = (j0 + bl.kv_block).min(any_hi);
@@ -207,7 +209,9 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
             let base = item.batch * vs_b + j0 * vs_s + item.kv_head * vs_h;
             (&ops.v.data()[base..], vs_s)
         } else {
-            pack_values(ops, item, j0, c, &mut sc.v, d_vp);
+            if p.d_v > 0 {
+                pack_values(ops, item, j0, c, &mut sc.v, d_vp);
+            }
             (&sc.v, d_vp)
         };
         if !k_contiguous {
@@ -244,12 +248,22 @@ pub(crate) fn stream<S: Simd>(s: S, ops: &Operands<'_>, item: &Item, sc: &mut Sc
                 sc.tiles += 1;
                 jj += n;
             }
-            if let Some(cap) = p.softcap {
-                for jj in plo..phi {
-                    for r in (r0..r1).step_by(LANES) {
-                        let x = &mut sc.st[jj * rows_pad + r..][..LANES];
-                        s.store(x, softcap(s, s.load(x), cap));
-                    }
+            // Scale into the log2 domain, `(q·k · scale) · log₂e`, before anything else
+            // touches the scores (softcap, masks, bias). Scaling after the dot product rather
+            // than folding `scale` into Q keeps every representable scaled score exact: a huge
+            // scale times zero dot products is 0, not ∞ · 0; and the two multiplies cannot
+            // overflow unless |scale · q·k| itself is beyond f32 (or above 2.3e38 in log2 units).
+            let scale = s.splat(p.scale);
+            let log2e = s.splat(std::f32::consts::LOG2_E);
+            for jj in plo..phi {
+                for r in (r0..r1).step_by(LANES) {
+                    let x = &mut sc.st[jj * rows_pad + r..][..LANES];
+                    let y = s.mul(s.mul(s.load(x), scale), log2e);
+                    let y = match p.softcap {
+                        Some(cap) => softcap(s, y, cap),
+                        None => y,
+                    };
+                    s.store(x, y);
                 }
             }
         }

@@ -549,8 +549,8 @@ pub fn visible(opts: &Options, n_q: usize, n_kv: usize, i: usize) -> (usize, usi
     match opts.causal_alignment() {
         None => (0, n_kv),
         Some(a) => {
-            let last = i as i64 + a.offset(n_q, n_kv);
-            (0, (last + 1).clamp(0, n_kv as i64) as usize)
+            let last = i as i128 + a.offset(n_q, n_kv);
+            (0, (last + 1).clamp(0, n_kv as i128) as usize)
         }
     }
 }

@@ -1,0 +1,884 @@
+//! The options of a call as fuzz input, and an independent model of what they mean.
+//!
+//! [`OptSpec`] has one field per option of [`sdpa::Options`]; options that borrow data (key
+//! lengths, bias, mask, ALiBi slopes, sinks) are materialized for a given shape by
+//! [`OptSpec::materialize`] into an [`OptData`], which owns the data and builds the `Options`.
+//! Specs may be invalid on purpose (a key length past `n_kv`, a bias that does not broadcast,
+//! a NaN slope, …): [`OptData::errors`] lists the documented error of each broken rule.
+//!
+//! New options are appended at the end of [`OptSpec`] (their decoding too), so existing corpus
+//! files keep decoding to the same cases with the new option off: exhausted input reads as 0,
+//! and 0 always decodes to "absent".
+
+use super::bytes::{pick, uint, urange, variant, Writer};
+use super::layout::Buffer;
+use super::values::{Fill, SplitMix};
+use arbitrary::{Arbitrary, Result, Unstructured};
+use sdpa::{Alignment, Dim, Error, Operand, Options, Tensor};
+
+/// The softmax scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum ScaleKind {
+    /// Not set: `1/√d_k`.
+    Default,
+    /// 1.
+    One,
+    /// 1/8, a common explicit value.
+    Eighth,
+    /// 0.01: nearly uniform weights.
+    Small,
+    /// 16: sharp weights.
+    Large,
+    /// −0.3: negative scales are allowed.
+    Negative,
+    /// 0: every score is 0.
+    Zero,
+    /// 1e-30.
+    Tiny,
+    /// 1e30.
+    Huge,
+    /// Any f32 bits (4 more bytes), NaN and ±∞ included: those are errors.
+    Bits,
+}
+
+/// The causal mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum CausalKind {
+    /// No causal mask.
+    None,
+    /// `j ≤ i`.
+    TopLeft,
+    /// `j ≤ i + n_kv − n_q`.
+    BottomRight,
+}
+
+impl CausalKind {
+    /// The alignment, if causal.
+    pub fn alignment(self) -> Option<Alignment> {
+        match self {
+            CausalKind::None => None,
+            CausalKind::TopLeft => Some(Alignment::TopLeft),
+            CausalKind::BottomRight => Some(Alignment::BottomRight),
+        }
+    }
+}
+
+fn alignment(u: &mut Unstructured<'_>) -> Result<Alignment> {
+    pick(u, &[Alignment::TopLeft, Alignment::BottomRight])
+}
+
+fn write_alignment(w: &mut Writer, a: Alignment) {
+    w.pick(a, &[Alignment::TopLeft, Alignment::BottomRight]);
+}
+
+/// Reads whether an optional field is present: absent unless the byte says so (so that
+/// exhausted input means absent).
+fn present(u: &mut Unstructured<'_>) -> Result<bool> {
+    Ok(urange(u, 0, 3)? == 3)
+}
+
+fn write_present(w: &mut Writer, p: bool) {
+    w.urange(if p { 3 } else { 0 }, 0, 3);
+}
+
+/// One side of a sliding window: small, around the sequence lengths, or past `i64::MAX`
+/// (documented as unbounded).
+fn window_side(u: &mut Unstructured<'_>) -> Result<usize> {
+    Ok(match urange(u, 0, 7)? {
+        0..=3 => urange(u, 0, 16)?,
+        4 | 5 => urange(u, 0, 300)?,
+        6 => pick(
+            u,
+            &[
+                usize::MAX,
+                i64::MAX as usize,
+                i64::MAX as usize + 1,
+                usize::MAX - 1,
+            ],
+        )?,
+        _ => uint(u, 8)? as usize,
+    })
+}
+
+fn write_window_side(w: &mut Writer, x: usize) {
+    if x <= 16 {
+        w.urange(0, 0, 7).urange(x, 0, 16);
+    } else if x <= 300 {
+        w.urange(4, 0, 7).urange(x, 0, 300);
+    } else {
+        w.urange(7, 0, 7).uint(x as u64, 8);
+    }
+}
+
+/// `sliding_window(left, right, alignment)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSpec {
+    /// Keys before the diagonal.
+    pub left: usize,
+    /// Keys after the diagonal.
+    pub right: usize,
+    /// Its diagonal.
+    pub alignment: Alignment,
+}
+
+/// Per-batch key lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum KvLensKind {
+    /// Every length `n_kv` (no effect).
+    Full,
+    /// Uniform in `0..=n_kv`.
+    Random,
+    /// Every length 0: no row sees a key.
+    Zeros,
+    /// One length `n_kv + 1` (an error).
+    PastEnd,
+    /// One entry too many (an error).
+    WrongCount,
+}
+
+/// Which entries of a bias are `−∞` or NaN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum Holes {
+    /// None.
+    None,
+    /// About 1 in 8 `−∞`.
+    FewNegInf,
+    /// About half `−∞`.
+    HalfNegInf,
+    /// Every entry `−∞`: no row sees a key.
+    AllNegInf,
+    /// About 1 in 8 NaN.
+    FewNan,
+    /// About 1 in 8 `+∞`.
+    FewInf,
+}
+
+/// A bias or boolean mask: shape (with broadcasting), and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TermSpec {
+    /// Bit `d`: dim `d` has size 1.
+    pub size_one: u8,
+    /// Bit `d`: dim `d` has full size but stride 0.
+    pub stride_zero: u8,
+    /// Give dim `.0` a size that neither matches nor is 1 (an error).
+    pub bad_dim: Option<u8>,
+    /// Bias values (unused by a mask).
+    pub fill: Fill,
+    /// Bias: which entries are non-finite. Mask: 0 all visible … 4 none visible.
+    pub holes: Holes,
+    /// Mask: fraction of hidden entries, eighths (0–8).
+    pub hidden_eighths: u8,
+    /// Seed for the holes / the mask.
+    pub seed: u16,
+}
+
+impl TermSpec {
+    /// A full-size term with nothing special.
+    pub const fn plain(fill: Fill) -> TermSpec {
+        TermSpec {
+            size_one: 0,
+            stride_zero: 0,
+            bad_dim: None,
+            fill,
+            holes: Holes::None,
+            hidden_eighths: 0,
+            seed: 0,
+        }
+    }
+
+    fn decode(u: &mut Unstructured<'_>) -> Result<TermSpec> {
+        let size_one = urange(u, 0, 15)? as u8;
+        let stride_zero = urange(u, 0, 15)? as u8;
+        let bad_dim = if urange(u, 0, 15)? == 15 {
+            Some(urange(u, 0, 3)? as u8)
+        } else {
+            None
+        };
+        let fill = Fill::decode(u)?;
+        let holes = variant(u)?;
+        let hidden_eighths = urange(u, 0, 8)? as u8;
+        let seed = uint(u, 2)? as u16;
+        Ok(TermSpec {
+            size_one,
+            stride_zero,
+            bad_dim,
+            fill,
+            holes,
+            hidden_eighths,
+            seed,
+        })
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.urange(self.size_one.into(), 0, 15);
+        w.urange(self.stride_zero.into(), 0, 15);
+        match self.bad_dim {
+            Some(d) => w.urange(15, 0, 15).urange(d.into(), 0, 3),
+            None => w.urange(0, 0, 15),
+        };
+        self.fill.encode(w);
+        w.variant(&self.holes);
+        w.urange(self.hidden_eighths.into(), 0, 8);
+        w.uint(self.seed.into(), 2);
+    }
+
+    /// Dims and strides of the term's view for a problem `[B, n_q, H, n_kv]`.
+    fn layout(&self, want: [usize; 4]) -> ([usize; 4], [usize; 4]) {
+        let mut dims = want;
+        for (d, n) in dims.iter_mut().enumerate() {
+            if self.size_one & (1 << d) != 0 {
+                *n = 1;
+            }
+        }
+        if let Some(d) = self.bad_dim {
+            let d = usize::from(d) % 4;
+            dims[d] = if want[d] == 0 { 2 } else { want[d] + 1 };
+        }
+        let mut strides = [0; 4];
+        let mut next = 1usize;
+        for d in (0..4).rev() {
+            strides[d] = next;
+            next = next.saturating_mul(dims[d].max(1));
+        }
+        for (d, s) in strides.iter_mut().enumerate() {
+            if self.stride_zero & (1 << d) != 0 {
+                *s = 0;
+            }
+        }
+        (dims, strides)
+    }
+}
+
+/// Per-head values (ALiBi slopes or sink logits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum HeadValues {
+    /// ALiBi: `alibi_slopes(H)`. Sinks: uniform in [−2, 2).
+    Standard,
+    /// Uniform in [−1, 1) times `2^exp` (negative slopes reward distance; huge ones hide keys).
+    Scaled,
+    /// Sinks: every head `−∞` (disabled). ALiBi: all 0.
+    Off,
+    /// Sinks: some heads `−∞`. ALiBi: some heads 0.
+    Mixed,
+    /// One entry NaN (an error).
+    Nan,
+    /// One entry `+∞` (an error for both).
+    Inf,
+    /// One entry `−∞` (an error for ALiBi, "disabled" for sinks).
+    NegInf,
+    /// One entry too few (an error).
+    WrongCount,
+}
+
+/// `alibi(slopes, alignment)` or `sinks(logits)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadSpec {
+    /// The values.
+    pub values: HeadValues,
+    /// Power of two for [`HeadValues::Scaled`], `−20..=20`.
+    pub exp: i8,
+    /// Seed.
+    pub seed: u16,
+    /// The diagonal (ALiBi only).
+    pub alignment: Alignment,
+}
+
+impl HeadSpec {
+    fn decode(u: &mut Unstructured<'_>, with_alignment: bool) -> Result<HeadSpec> {
+        let values = variant(u)?;
+        let exp = (urange(u, 0, 40)? as i64 - 20) as i8;
+        let seed = uint(u, 2)? as u16;
+        let alignment = if with_alignment {
+            alignment(u)?
+        } else {
+            Alignment::TopLeft
+        };
+        Ok(HeadSpec {
+            values,
+            exp,
+            seed,
+            alignment,
+        })
+    }
+
+    fn encode(&self, w: &mut Writer, with_alignment: bool) {
+        w.variant(&self.values);
+        w.urange((i64::from(self.exp) + 20) as usize, 0, 40);
+        w.uint(self.seed.into(), 2);
+        if with_alignment {
+            write_alignment(w, self.alignment);
+        }
+    }
+
+    fn materialize(&self, heads: usize, alibi: bool) -> Vec<f32> {
+        let mut rng = SplitMix(u64::from(self.seed) ^ 0xa11b1);
+        let n = if self.values == HeadValues::WrongCount {
+            heads.saturating_sub(1)
+        } else {
+            heads
+        };
+        let off = if alibi { 0.0 } else { f32::NEG_INFINITY };
+        let mut v: Vec<f32> = match self.values {
+            HeadValues::Standard if alibi => sdpa::alibi_slopes(n),
+            HeadValues::Standard => (0..n).map(|_| 2.0 * rng.unit() as f32).collect(),
+            HeadValues::Off => vec![off; n],
+            HeadValues::Mixed => (0..n)
+                .map(|_| {
+                    if rng.next_u64().is_multiple_of(2) {
+                        off
+                    } else {
+                        rng.unit() as f32
+                    }
+                })
+                .collect(),
+            _ => (0..n)
+                .map(|_| (rng.unit() * f64::from(self.exp).exp2()) as f32)
+                .collect(),
+        };
+        if !v.is_empty() {
+            let at = (rng.next_u64() as usize) % v.len();
+            match self.values {
+                HeadValues::Nan => v[at] = f32::NAN,
+                HeadValues::Inf => v[at] = f32::INFINITY,
+                HeadValues::NegInf => v[at] = f32::NEG_INFINITY,
+                _ => {}
+            }
+        }
+        v
+    }
+}
+
+/// The softcap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum SoftcapKind {
+    /// 50 (Gemma 2's attention cap).
+    Fifty,
+    /// 5.
+    Five,
+    /// 1.
+    One,
+    /// 0.01: every score squeezed to about ±0.01.
+    Hundredth,
+    /// 1e30: no effect.
+    Huge,
+    /// 0 (an error).
+    Zero,
+    /// −1 (an error).
+    Negative,
+    /// NaN (an error).
+    Nan,
+    /// +∞ (an error).
+    Inf,
+}
+
+impl SoftcapKind {
+    /// The cap.
+    pub fn value(self) -> f32 {
+        match self {
+            SoftcapKind::Fifty => 50.0,
+            SoftcapKind::Five => 5.0,
+            SoftcapKind::One => 1.0,
+            SoftcapKind::Hundredth => 0.01,
+            SoftcapKind::Huge => 1e30,
+            SoftcapKind::Zero => 0.0,
+            SoftcapKind::Negative => -1.0,
+            SoftcapKind::Nan => f32::NAN,
+            SoftcapKind::Inf => f32::INFINITY,
+        }
+    }
+}
+
+/// Every option of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptSpec {
+    /// The scale.
+    pub scale: ScaleKind,
+    /// Its bits for [`ScaleKind::Bits`].
+    pub scale_bits: u32,
+    /// The causal mask.
+    pub causal: CausalKind,
+    /// `sliding_window`.
+    pub window: Option<WindowSpec>,
+    /// `kv_lens`, and a seed for random lengths.
+    pub kv_lens: Option<(KvLensKind, u16)>,
+    /// `bias`.
+    pub bias: Option<TermSpec>,
+    /// `mask`.
+    pub mask: Option<TermSpec>,
+    /// `alibi`.
+    pub alibi: Option<HeadSpec>,
+    /// `softcap`.
+    pub softcap: Option<SoftcapKind>,
+    /// `sinks`.
+    pub sinks: Option<HeadSpec>,
+    // New options go here, after the existing ones (see the module docs).
+}
+
+impl Default for OptSpec {
+    fn default() -> Self {
+        OptSpec {
+            scale: ScaleKind::Default,
+            scale_bits: 0,
+            causal: CausalKind::None,
+            window: None,
+            kv_lens: None,
+            bias: None,
+            mask: None,
+            alibi: None,
+            softcap: None,
+            sinks: None,
+        }
+    }
+}
+
+impl OptSpec {
+    /// Plain attention with `causal`.
+    pub fn causal(causal: CausalKind) -> OptSpec {
+        OptSpec {
+            causal,
+            ..OptSpec::default()
+        }
+    }
+
+    /// The explicit scale, if any.
+    pub fn scale_value(&self) -> Option<f32> {
+        Some(match self.scale {
+            ScaleKind::Default => return None,
+            ScaleKind::One => 1.0,
+            ScaleKind::Eighth => 0.125,
+            ScaleKind::Small => 0.01,
+            ScaleKind::Large => 16.0,
+            ScaleKind::Negative => -0.3,
+            ScaleKind::Zero => 0.0,
+            ScaleKind::Tiny => 1e-30,
+            ScaleKind::Huge => 1e30,
+            ScaleKind::Bits => f32::from_bits(self.scale_bits),
+        })
+    }
+
+    /// The scale the call uses for head size `d_k` (as the crate documents it).
+    pub fn effective_scale(&self, d_k: usize) -> f32 {
+        self.scale_value()
+            .unwrap_or_else(|| 1.0 / (d_k as f32).sqrt())
+    }
+
+    /// Reads the options.
+    pub fn decode(u: &mut Unstructured<'_>) -> Result<OptSpec> {
+        let scale = variant(u)?;
+        let scale_bits = if scale == ScaleKind::Bits {
+            uint(u, 4)? as u32
+        } else {
+            0
+        };
+        let causal = variant(u)?;
+        let window = if present(u)? {
+            Some(WindowSpec {
+                left: window_side(u)?,
+                right: window_side(u)?,
+                alignment: alignment(u)?,
+            })
+        } else {
+            None
+        };
+        let kv_lens = if present(u)? {
+            Some((variant(u)?, uint(u, 2)? as u16))
+        } else {
+            None
+        };
+        let bias = if present(u)? {
+            Some(TermSpec::decode(u)?)
+        } else {
+            None
+        };
+        let mask = if present(u)? {
+            Some(TermSpec::decode(u)?)
+        } else {
+            None
+        };
+        let alibi = if present(u)? {
+            Some(HeadSpec::decode(u, true)?)
+        } else {
+            None
+        };
+        let softcap = if present(u)? { Some(variant(u)?) } else { None };
+        let sinks = if present(u)? {
+            Some(HeadSpec::decode(u, false)?)
+        } else {
+            None
+        };
+        Ok(OptSpec {
+            scale,
+            scale_bits,
+            causal,
+            window,
+            kv_lens,
+            bias,
+            mask,
+            alibi,
+            softcap,
+            sinks,
+        })
+    }
+
+    /// Inverse of [`OptSpec::decode`].
+    pub fn encode(&self, w: &mut Writer) {
+        w.variant(&self.scale);
+        if self.scale == ScaleKind::Bits {
+            w.uint(self.scale_bits.into(), 4);
+        }
+        w.variant(&self.causal);
+        write_present(w, self.window.is_some());
+        if let Some(win) = &self.window {
+            write_window_side(w, win.left);
+            write_window_side(w, win.right);
+            write_alignment(w, win.alignment);
+        }
+        write_present(w, self.kv_lens.is_some());
+        if let Some((kind, seed)) = &self.kv_lens {
+            w.variant(kind);
+            w.uint((*seed).into(), 2);
+        }
+        write_present(w, self.bias.is_some());
+        if let Some(t) = &self.bias {
+            t.encode(w);
+        }
+        write_present(w, self.mask.is_some());
+        if let Some(t) = &self.mask {
+            t.encode(w);
+        }
+        write_present(w, self.alibi.is_some());
+        if let Some(a) = &self.alibi {
+            a.encode(w, true);
+        }
+        write_present(w, self.softcap.is_some());
+        if let Some(c) = &self.softcap {
+            w.variant(c);
+        }
+        write_present(w, self.sinks.is_some());
+        if let Some(s) = &self.sinks {
+            s.encode(w, false);
+        }
+    }
+
+    /// The data of the options for a problem of `[B, n_q, H, n_kv]`. Sizes too large to
+    /// materialize (the API target's huge dims) leave that option's data empty.
+    pub fn materialize(&self, batch: usize, n_q: usize, heads: usize, n_kv: usize) -> OptData {
+        const CAP: usize = 1 << 16;
+        let want = [batch, n_q, heads, n_kv];
+        let kv_lens = self.kv_lens.map(|(kind, seed)| {
+            let mut rng = SplitMix(u64::from(seed) ^ 0x1e45);
+            let n = batch.min(CAP);
+            let mut lens: Vec<usize> = match kind {
+                KvLensKind::Full | KvLensKind::PastEnd | KvLensKind::WrongCount => vec![n_kv; n],
+                KvLensKind::Zeros => vec![0; n],
+                KvLensKind::Random => (0..n)
+                    .map(|_| (rng.next_u64() % (n_kv as u64).saturating_add(1).max(1)) as usize)
+                    .collect(),
+            };
+            if !lens.is_empty() && kind == KvLensKind::PastEnd {
+                let at = (rng.next_u64() as usize) % lens.len();
+                lens[at] = n_kv.saturating_add(1);
+            }
+            if kind == KvLensKind::WrongCount {
+                lens.push(0);
+            }
+            lens
+        });
+        let term = |spec: &TermSpec| -> Option<([usize; 4], [usize; 4], usize)> {
+            let (dims, strides) = spec.layout(want.map(|n| n.min(CAP)));
+            let elements = dims.iter().try_fold(1usize, |a, &n| a.checked_mul(n))?;
+            (elements <= CAP && want.iter().all(|&n| n <= CAP)).then(|| {
+                let len = if dims.contains(&0) {
+                    0
+                } else {
+                    dims.iter()
+                        .zip(&strides)
+                        .map(|(&n, &s)| (n - 1) * s)
+                        .sum::<usize>()
+                        + 1
+                };
+                (dims, strides, len)
+            })
+        };
+        let bias = self.bias.as_ref().and_then(|spec| {
+            let (dims, strides, len) = term(spec)?;
+            let mut sampler = spec.fill.sampler(7);
+            let mut holes = SplitMix(u64::from(spec.seed) ^ 0xb1a5);
+            let data = (0..len)
+                .map(|_| {
+                    let x = sampler.next_value();
+                    let r = holes.next_u64() % 8;
+                    match spec.holes {
+                        Holes::FewNegInf if r == 0 => f32::NEG_INFINITY,
+                        Holes::HalfNegInf if r < 4 => f32::NEG_INFINITY,
+                        Holes::AllNegInf => f32::NEG_INFINITY,
+                        Holes::FewNan if r == 0 => f32::NAN,
+                        Holes::FewInf if r == 0 => f32::INFINITY,
+                        _ => x,
+                    }
+                })
+                .collect();
+            Some(Buffer {
+                data,
+                dims,
+                strides,
+            })
+        });
+        let mask = self.mask.as_ref().and_then(|spec| {
+            let (dims, strides, len) = term(spec)?;
+            let mut rng = SplitMix(u64::from(spec.seed) ^ 0x3a5c);
+            let data = (0..len)
+                .map(|_| rng.next_u64() % 8 >= u64::from(spec.hidden_eighths))
+                .collect();
+            Some(BoolBuffer {
+                data,
+                dims,
+                strides,
+            })
+        });
+        let per_head = |spec: &HeadSpec, alibi| {
+            if heads <= CAP {
+                spec.materialize(heads, alibi)
+            } else {
+                Vec::new()
+            }
+        };
+        OptData {
+            spec: *self,
+            want,
+            kv_lens,
+            bias,
+            mask,
+            slopes: self.alibi.as_ref().map(|s| per_head(s, true)),
+            sinks: self.sinks.as_ref().map(|s| per_head(s, false)),
+        }
+    }
+}
+
+/// A boolean tensor's storage.
+#[derive(Debug, Clone)]
+pub struct BoolBuffer {
+    /// The slice.
+    pub data: Vec<bool>,
+    /// Logical dims.
+    pub dims: [usize; 4],
+    /// Strides.
+    pub strides: [usize; 4],
+}
+
+/// The options of one call with their data, for one problem shape.
+#[derive(Debug, Clone)]
+pub struct OptData {
+    /// What they were made from.
+    pub spec: OptSpec,
+    /// `[B, n_q, H, n_kv]`.
+    pub want: [usize; 4],
+    /// Key lengths.
+    pub kv_lens: Option<Vec<usize>>,
+    /// Bias (`None` also when too large to make).
+    pub bias: Option<Buffer>,
+    /// Mask (`None` also when too large to make).
+    pub mask: Option<BoolBuffer>,
+    /// ALiBi slopes.
+    pub slopes: Option<Vec<f32>>,
+    /// Sink logits.
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// Index of the element `[b, i, h, j]` of a term, with size-1 dims broadcast.
+fn term_offset(dims: [usize; 4], strides: [usize; 4], index: [usize; 4]) -> usize {
+    (0..4)
+        .map(|d| {
+            if dims[d] == 1 {
+                0
+            } else {
+                index[d] * strides[d]
+            }
+        })
+        .sum()
+}
+
+impl OptData {
+    /// The options to pass.
+    pub fn options(&self) -> Options<'_> {
+        let s = &self.spec;
+        let mut o = Options::new();
+        if let Some(x) = s.scale_value() {
+            o = o.scale(x);
+        }
+        if let Some(a) = s.causal.alignment() {
+            o = o.causal(a);
+        }
+        if let Some(w) = &s.window {
+            o = o.sliding_window(w.left, w.right, w.alignment);
+        }
+        if let Some(l) = &self.kv_lens {
+            o = o.kv_lens(l);
+        }
+        if let Some(b) = &self.bias {
+            o = o.bias(Tensor::new(&b.data, b.dims, b.strides).expect("valid bias layout"));
+        }
+        if let Some(m) = &self.mask {
+            o = o.mask(Tensor::new(&m.data, m.dims, m.strides).expect("valid mask layout"));
+        }
+        if let (Some(slopes), Some(a)) = (&self.slopes, &s.alibi) {
+            o = o.alibi(slopes, a.alignment);
+        }
+        if let Some(c) = s.softcap {
+            o = o.softcap(c.value());
+        }
+        if let Some(x) = &self.sinks {
+            o = o.sinks(x);
+        }
+        o
+    }
+
+    /// Whether every option's data could be made (the API target skips those it could not).
+    pub fn complete(&self) -> bool {
+        (self.spec.bias.is_none() || self.bias.is_some())
+            && (self.spec.mask.is_none() || self.mask.is_some())
+    }
+
+    /// The diagonal's offset, `off`, if some option has a diagonal (computed without overflow).
+    fn offset(&self) -> i128 {
+        let [_, n_q, _, n_kv] = self.want;
+        let s = &self.spec;
+        let a = s
+            .causal
+            .alignment()
+            .or(s.window.map(|w| w.alignment))
+            .or(s.alibi.map(|a| a.alignment));
+        match a {
+            Some(Alignment::BottomRight) => n_kv as i128 - n_q as i128,
+            _ => 0,
+        }
+    }
+
+    /// Whether key `j` of batch `b` passes the causal, window, key-length and boolean masks for
+    /// row `i` of head `h`, from the crate's documented formulas (not its code).
+    pub fn visible(&self, b: usize, i: usize, h: usize, j: usize) -> bool {
+        let s = &self.spec;
+        let center = i as i128 + self.offset();
+        let j_ = j as i128;
+        let bounded = |x: usize| (x <= i64::MAX as usize).then_some(x as i128);
+        let right = if s.causal != CausalKind::None {
+            Some(0)
+        } else {
+            s.window.and_then(|w| bounded(w.right))
+        };
+        let left = s.window.and_then(|w| bounded(w.left));
+        right.is_none_or(|r| j_ <= center + r)
+            && left.is_none_or(|l| j_ >= center - l)
+            && self.kv_lens.as_ref().is_none_or(|l| j < l[b])
+            && self
+                .mask
+                .as_ref()
+                .is_none_or(|m| m.data[term_offset(m.dims, m.strides, [b, i, h, j])])
+    }
+
+    /// `|slope_h · (i + off − j)|`, the magnitude of the ALiBi term (0 without ALiBi).
+    pub fn alibi_magnitude(&self, i: usize, h: usize, j: usize) -> f64 {
+        self.slopes.as_ref().map_or(0.0, |s| {
+            f64::from(s[h]).abs() * (i as i128 + self.offset() - j as i128).abs() as f64
+        })
+    }
+
+    /// The bias of `[b, i, h, j]` (0 without a bias).
+    pub fn bias(&self, b: usize, i: usize, h: usize, j: usize) -> f32 {
+        self.bias.as_ref().map_or(0.0, |t| {
+            t.data[term_offset(t.dims, t.strides, [b, i, h, j])]
+        })
+    }
+
+    /// The sink logit of head `h` (`−∞` without sinks).
+    pub fn sink(&self, h: usize) -> f32 {
+        self.sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h])
+    }
+
+    /// The documented error of every option rule these options break (none for a valid set).
+    pub fn errors(&self) -> Vec<Error> {
+        let s = &self.spec;
+        let [batch, _, heads, n_kv] = self.want;
+        let mut errors = Vec::new();
+        let aligns: Vec<Alignment> = [
+            s.causal.alignment(),
+            s.window.map(|w| w.alignment),
+            s.alibi.map(|a| a.alignment),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if aligns.windows(2).any(|w| w[0] != w[1]) {
+            errors.push(Error::ConflictingAlignment);
+        }
+        if let Some(lens) = &self.kv_lens {
+            if lens.len() != batch {
+                errors.push(Error::LengthMismatch {
+                    operand: Operand::KvLens,
+                    expected: batch,
+                    got: lens.len(),
+                });
+            } else if let Some(index) = lens.iter().position(|&l| l > n_kv) {
+                errors.push(Error::InvalidValue {
+                    operand: Operand::KvLens,
+                    index,
+                    reason: "key length exceeds n_kv",
+                });
+            }
+        }
+        for (operand, dims) in [
+            (Operand::Bias, self.bias.as_ref().map(|b| b.dims)),
+            (Operand::Mask, self.mask.as_ref().map(|m| m.dims)),
+        ] {
+            let Some(dims) = dims else { continue };
+            for (d, dim) in Dim::ALL.into_iter().enumerate() {
+                if dims[d] != 1 && dims[d] != self.want[d] {
+                    errors.push(Error::NotBroadcastable {
+                        operand,
+                        dim,
+                        expected: self.want[d],
+                        got: dims[d],
+                    });
+                }
+            }
+        }
+        let per_head =
+            |errors: &mut Vec<Error>, v: &[f32], operand, reason, ok: &dyn Fn(f32) -> bool| {
+                if v.len() != heads {
+                    errors.push(Error::LengthMismatch {
+                        operand,
+                        expected: heads,
+                        got: v.len(),
+                    });
+                } else if let Some(index) = v.iter().position(|&x| !ok(x)) {
+                    errors.push(Error::InvalidValue {
+                        operand,
+                        index,
+                        reason,
+                    });
+                }
+            };
+        if let Some(v) = &self.slopes {
+            let ok = |x: f32| x.is_finite();
+            per_head(
+                &mut errors,
+                v,
+                Operand::AlibiSlopes,
+                "slope is not finite",
+                &ok,
+            );
+        }
+        if let Some(v) = &self.sinks {
+            let ok = |x: f32| x < f32::INFINITY;
+            let reason = "sink logit is NaN or +inf";
+            per_head(&mut errors, v, Operand::Sinks, reason, &ok);
+        }
+        if let Some(c) = s.softcap {
+            let cap = c.value();
+            if !(cap.is_finite() && cap > 0.0) {
+                errors.push(Error::InvalidSoftcap(cap));
+            }
+        }
+        errors
+    }
+}

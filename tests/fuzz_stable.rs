@@ -1,0 +1,212 @@
+//! The fuzz targets' checks on stable, inside `cargo test`:
+//! * random cases: bytes from a fixed-seed generator decoded exactly as libFuzzer's inputs are
+//!   (`tests/fuzz_cases/`), a fixed number per target (`SDPA_FUZZ_CASES` overrides);
+//! * every file of `fuzz/corpus/<target>/` and `tests/regressions/<target>/`, replayed;
+//! * the seed files of the corpora, checked to decode to the seeds of `fuzz_cases::seeds`
+//!   (`SDPA_WRITE_CORPUS=1` rewrites them).
+//!
+//! A failing case is reported with its bytes in hex and written to
+//! `target/fuzz-stable-failures/`; copy it to `tests/regressions/<target>/` to keep it, and
+//! reproduce it with `cargo +nightly fuzz run <target> <file>`.
+
+mod fuzz_cases;
+
+use arbitrary::Unstructured;
+use fuzz_cases::values::SplitMix;
+use fuzz_cases::{api, differential, seeds};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+/// Random cases per target: (differential, api), smaller in debug builds, where the f64
+/// reference is ~20× slower.
+fn case_counts() -> (usize, usize) {
+    if let Some(n) = std::env::var("SDPA_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return (n, n);
+    }
+    if cfg!(debug_assertions) {
+        (25, 2_000)
+    } else {
+        (1_500, 20_000)
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn hex(data: &[u8]) -> String {
+    data.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+/// Failures collected over many cases, reported together at the end.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    /// Runs `f`; on a panic records the message and saves `data` for reproduction.
+    fn run(&mut self, target: &str, label: &str, data: &[u8], f: impl FnOnce()) {
+        if let Err(e) = catch_unwind(AssertUnwindSafe(f)) {
+            let msg = panic_message(&*e);
+            let dir = root().join("target/fuzz-stable-failures").join(target);
+            let hash = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+            });
+            let file = dir.join(format!("{hash:016x}"));
+            let saved = std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(&file, data))
+                .map(|()| file.display().to_string())
+                .unwrap_or_else(|e| format!("(not saved: {e})"));
+            self.0.push(format!(
+                "{target} {label}: {msg}\n    input {saved}\n    bytes {}",
+                hex(data)
+            ));
+        }
+    }
+
+    fn assert_none(&self, what: &str) {
+        assert!(
+            self.0.is_empty(),
+            "{what}: {} failing case(s):\n{}",
+            self.0.len(),
+            self.0.join("\n")
+        );
+    }
+}
+
+/// Random bytes: short inputs (which run out before the special values and options, so they
+/// decode to plainer cases) half of the time.
+fn random_input(rng: &mut SplitMix, max: usize) -> Vec<u8> {
+    let len = if rng.next_u64().is_multiple_of(2) {
+        20 + (rng.next_u64() % 60) as usize
+    } else {
+        80 + (rng.next_u64() as usize) % (max - 80)
+    };
+    rng.bytes(len)
+}
+
+#[test]
+fn random_differential_cases() {
+    let (n, _) = case_counts();
+    let mut rng = SplitMix(0x5d9a_0001);
+    let mut stats = differential::Stats::default();
+    let mut failures = Failures::default();
+    for i in 0..n {
+        let data = random_input(&mut rng, 320);
+        let Ok(case) = differential::DiffCase::decode(&mut Unstructured::new(&data)) else {
+            continue;
+        };
+        failures.run("differential", &format!("random case {i}"), &data, || {
+            stats.add(&differential::check(&case));
+        });
+    }
+    eprintln!("differential: {stats:?}");
+    failures.assert_none("random differential cases");
+    // The checks must not be vacuous.
+    assert!(stats.cases >= n * 9 / 10, "{stats:?}");
+    assert!(stats.rows_in_bound >= 20 * n, "{stats:?}");
+    assert!(stats.rows_empty >= n, "{stats:?}");
+    assert!(stats.rows_nan_only >= n, "{stats:?}");
+    assert!(stats.invalid_options >= n / 50, "{stats:?}");
+}
+
+#[test]
+fn random_api_cases() {
+    let (_, n) = case_counts();
+    let mut rng = SplitMix(0x5d9a_0002);
+    let mut stats = api::ApiStats::default();
+    let mut failures = Failures::default();
+    for i in 0..n {
+        let data = random_input(&mut rng, 256);
+        let Ok(case) = api::ApiCase::decode(&mut Unstructured::new(&data)) else {
+            continue;
+        };
+        failures.run("api", &format!("random case {i}"), &data, || {
+            stats.add(&api::check(&case));
+        });
+    }
+    eprintln!("api: {stats:?}");
+    failures.assert_none("random api cases");
+    assert!(stats.views_valid >= n / 50, "{stats:?}");
+    assert!(stats.ran >= n / 200, "{stats:?}");
+    assert!(stats.rejected_calls >= n / 20, "{stats:?}");
+    assert!(stats.validated_only >= 1, "{stats:?}");
+}
+
+/// Every file of `dir/<target>/`, for the targets with checks.
+fn replay_dir(dir: &Path, failures: &mut Failures) -> usize {
+    let mut count = 0;
+    for target in fuzz_cases::TARGETS {
+        let Ok(entries) = std::fs::read_dir(dir.join(target)) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        files.sort();
+        for file in files.iter().filter(|f| f.is_file()) {
+            let data = std::fs::read(file).expect("readable corpus file");
+            let label = file
+                .strip_prefix(root())
+                .unwrap_or(file)
+                .display()
+                .to_string();
+            failures.run(target, &label, &data, || {
+                fuzz_cases::run(target, &data);
+            });
+            count += 1;
+        }
+    }
+    count
+}
+
+#[test]
+fn replay_corpora_and_regressions() {
+    let mut failures = Failures::default();
+    let corpus = replay_dir(&root().join("fuzz/corpus"), &mut failures);
+    let regressions = replay_dir(&root().join("tests/regressions"), &mut failures);
+    eprintln!("replayed {corpus} corpus files and {regressions} regression inputs");
+    failures.assert_none("corpus and regression replay");
+    assert!(corpus >= seeds::differential().len() + seeds::api().len());
+}
+
+#[test]
+fn seed_corpus() {
+    let write = std::env::var_os("SDPA_WRITE_CORPUS").is_some();
+    let mut stale = Vec::new();
+    let mut check = |target: &str, name: &str, bytes: Vec<u8>, decodes: bool| {
+        assert!(decodes, "{target} seed {name} does not decode to itself");
+        let file = root()
+            .join("fuzz/corpus")
+            .join(target)
+            .join(format!("seed-{name}"));
+        if write {
+            std::fs::create_dir_all(file.parent().expect("a parent")).expect("corpus dir");
+            std::fs::write(&file, &bytes).expect("write seed");
+        } else if std::fs::read(&file).ok().as_deref() != Some(&bytes[..]) {
+            stale.push(file.display().to_string());
+        }
+    };
+    for (name, case) in seeds::differential() {
+        let bytes = case.encode();
+        let back = differential::DiffCase::decode(&mut Unstructured::new(&bytes));
+        check("differential", name, bytes, back.as_ref() == Ok(&case));
+    }
+    for (name, case) in seeds::api() {
+        let bytes = case.encode();
+        let back = api::ApiCase::decode(&mut Unstructured::new(&bytes));
+        check("api", name, bytes, back.as_ref() == Ok(&case));
+    }
+    assert!(
+        stale.is_empty(),
+        "seed files missing or stale (regenerate with SDPA_WRITE_CORPUS=1 cargo test --test \
+         fuzz_stable seed_corpus): {stale:?}"
+    );
+}

@@ -1,0 +1,97 @@
+//! A fast subset for Miri (`cargo +nightly miri test --test miri`), which checks the unsafe code
+//! for undefined behaviour: the row writers' raw pointers, shared scratch, rayon's threads, and
+//! `wide`'s lanes (under Miri the portable backend is always used; the AVX2/AVX-512 intrinsics
+//! cannot run there). Shapes are tiny because Miri is about a thousand times slower, but they
+//! cross every tile edge of the portable backend (8 lanes, 16-row panels, 6-key tiles): the
+//! same checks as the fuzz targets, from `tests/fuzz_cases/`. Also runs on stable in
+//! `cargo test`, where it takes milliseconds.
+
+mod fuzz_cases;
+
+use fuzz_cases::differential::{check, DiffCase, Shape};
+use fuzz_cases::layout::Layout;
+use fuzz_cases::opts::{CausalKind, OptSpec};
+use fuzz_cases::{api, seeds};
+
+/// Largest `B·H·n_q·n_kv·(d_k+d_v)` of a seed run here.
+const MIRI_WORK: usize = 2_500;
+
+const fn shape(
+    batch: usize,
+    kv_heads: usize,
+    group: usize,
+    n_q: usize,
+    n_kv: usize,
+    d: usize,
+) -> Shape {
+    Shape {
+        batch,
+        kv_heads,
+        group,
+        n_q,
+        n_kv,
+        d_k: d,
+        d_v: d,
+    }
+}
+
+#[test]
+fn tiny_differential_seeds() {
+    let mut ran = 0;
+    for (name, case) in seeds::differential() {
+        if case.shape.fit().work() <= MIRI_WORK {
+            eprintln!("seed {name}");
+            check(&case);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 20, "only {ran} seeds are small enough");
+}
+
+#[test]
+fn tile_edges_layouts_and_causal() {
+    use CausalKind::{BottomRight, TopLeft};
+    let padded = Layout::padded([0, 2, 1, 3], [1, 0, 2, 1], 2);
+    let cases = [
+        // 7 keys: one 6-key tile and a 1-key tail; 9 rows: a full 8-lane vector and a tail.
+        DiffCase::plain(shape(1, 1, 1, 9, 7, 3), OptSpec::causal(TopLeft), 1),
+        // 17 stacked rows (GQA 1 × 17): a 16-row panel plus one; head size 17: 16 columns + 1.
+        DiffCase::plain(shape(1, 1, 1, 17, 5, 17), OptSpec::causal(BottomRight), 2),
+        // GQA: 2 key/value heads, 3 query heads each, n_q < n_kv and n_q > n_kv.
+        DiffCase::plain(shape(2, 2, 3, 3, 8, 2), OptSpec::causal(BottomRight), 3),
+        DiffCase::plain(shape(1, 2, 3, 8, 3, 2), OptSpec::causal(BottomRight), 4),
+        DiffCase::plain(shape(1, 1, 1, 1, 1, 1), OptSpec::default(), 5),
+        DiffCase {
+            layouts: [Layout::BHSD, padded, Layout::head_dim_strided(2), padded],
+            ..DiffCase::plain(shape(2, 1, 2, 5, 6, 3), OptSpec::causal(TopLeft), 6)
+        },
+        DiffCase {
+            layouts: [
+                Layout::broadcast(1),
+                Layout::broadcast(4),
+                Layout::BSHD,
+                Layout::BHSD,
+            ],
+            ..DiffCase::plain(shape(2, 2, 1, 4, 5, 4), OptSpec::default(), 7)
+        },
+    ];
+    for case in &cases {
+        check(case);
+    }
+}
+
+/// The API seeds of ordinary sizes: validation errors and small valid calls. (Those with
+/// `usize::MAX`-sized dims allocate up to `api::LEN_CAP` elements to check, which Miri takes
+/// minutes over; they only exercise safe validation code, and run on stable.)
+#[test]
+fn api_seeds() {
+    let mut ran = 0;
+    for (name, case) in seeds::api() {
+        if case.sizes.iter().all(|&n| n <= 64) {
+            eprintln!("seed {name}");
+            api::check(&case);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 20, "only {ran} seeds are small enough");
+}
