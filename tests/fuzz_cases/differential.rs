@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 
 /// Largest `B · H · n_q · n_kv · (d_k + d_v)` a case runs with (the reference and the bound
 /// each take about that many scalar steps). Larger decoded shapes are shrunk by [`Shape::fit`].
-pub const WORK_BUDGET: usize = 1 << 22;
+pub const WORK_BUDGET: usize = 1 << 20;
 
 /// Sequence lengths around the kernel's block edges (6-key tiles, 8/16-row panels, 96-row and
 /// 96-key blocks).
