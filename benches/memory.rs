@@ -29,83 +29,24 @@
 use plotters::prelude::*;
 use rayon::ThreadPool;
 use sdpa::{Options, Tensor, TensorMut};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::error::Error;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 // ---------------------------------------------------------------------------------------------
 // The counting allocator.
 
-/// Bytes currently allocated through the global allocator, by every thread.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// High-water mark of [`LIVE`] since the last [`reset_peak`].
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-/// The system allocator, counting.
-struct Counting;
-
-fn grew(bytes: usize) {
-    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
-    PEAK.fetch_max(live, Ordering::Relaxed);
-}
-
-fn shrank(bytes: usize) {
-    LIVE.fetch_sub(bytes, Ordering::Relaxed);
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so the
-// allocator contract is `System`'s; the counters are only bookkeeping beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract (see the impl).
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            grew(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract (see the impl).
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            grew(layout.size());
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract (see the impl).
-        unsafe { System.dealloc(ptr, layout) };
-        shrank(layout.size());
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract (see the impl).
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                shrank(layout.size() - new_size);
-            }
-        }
-        new
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{with_peak_heap, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
-/// Runs `f` and returns the most heap it held at once beyond what was live when it started.
+/// The peak heap `f` used above the level it started at.
 fn peak_during(f: impl FnOnce()) -> usize {
-    let base = LIVE.load(Ordering::SeqCst);
-    PEAK.store(base, Ordering::SeqCst);
-    f();
-    PEAK.load(Ordering::SeqCst).saturating_sub(base)
+    with_peak_heap(f).1
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,81 +5,18 @@
 //! while it measures. The peak heap *during a call* is the peak minus the bytes live before
 //! it; inputs and outputs are allocated before. Run with `--nocapture` to see the numbers.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use sdpa::{Options, Tensor, TensorMut};
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(bytes: usize) {
-    let now = LIVE.fetch_add(bytes, Ordering::SeqCst) + bytes;
-    PEAK.fetch_max(now, Ordering::SeqCst);
-}
-
-fn shrank(bytes: usize) {
-    LIVE.fetch_sub(bytes, Ordering::SeqCst);
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, and only
-// updates counters besides.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) };
-        shrank(layout.size());
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded contract.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                shrank(layout.size() - new_size);
-            }
-        }
-        p
-    }
-}
+#[path = "../benches/support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{with_peak_heap, CountingAlloc};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
-/// Sets the peak to the bytes live now and returns them.
-fn reset_peak() -> usize {
-    let live = LIVE.load(Ordering::SeqCst);
-    PEAK.store(live, Ordering::SeqCst);
-    live
-}
-
-/// Peak bytes allocated during `f` beyond what was live before it.
+/// The peak heap `f` used above the level it started at.
 fn peak_during(f: impl FnOnce()) -> usize {
-    let before = reset_peak();
-    f();
-    PEAK.load(Ordering::SeqCst) - before
+    with_peak_heap(f).1
 }
 
 const KIB: usize = 1024;
