@@ -7,16 +7,37 @@ Kernels (--kernels, comma-separated, default all that apply):
   torch_flash  torch.nn.functional.scaled_dot_product_attention, FLASH_ATTENTION backend (CPU)
   torch_math   the same call on the MATH backend (materializes the scores)
   ort_mha      ONNX Runtime's com.microsoft MultiHeadAttention, CPU provider; needs H_kv = H
+  ov_sdpa      OpenVINO: a model holding one opset ScaledDotProductAttention op, compiled for
+               "CPU" with f32 inference precision (optional: skipped if openvino is missing)
+  ggml_fa      ggml's ggml_flash_attn_ext (llama.cpp's CPU flash attention) with f32 K/V
+               (optional: skipped if the ggml package of ggml-python is missing)
+Install the optional ones with `scripts/peers_setup.sh --extra`.
 
-The JSON lines follow ../shared/README.md, like `cargo run --release --example bench`:
+The JSON lines follow docs/bench-schema.md, like `cargo run --release --example bench`:
 {"kernel", "s" (median seconds of --reps timed calls after one warm-up call), "gflops"
 (4·b·h·nq·nkv·d / s / 1e9: the full, unmasked work even when causal), "b", "h", "hkv", "nq",
 "nkv", "d", "causal", "threads"}, plus "max_abs_diff" against torch_math's output where that ran
-(a check that the peers compute the same thing), or "error" instead of the timing.
+(a check that the peers compute the same thing), "kv_dtype" and "note" for the optional peers,
+or "error" instead of the timing.
 
-Causal means PyTorch's is_causal (top-left diagonal) and ORT's unidirectional; both agree with
-sdpa's bottom-right alignment only when nq == nkv, so a causal run with nq != nkv is refused.
-Inputs: standard normal float32, fixed seed; torch gets [b, h, s, d], ORT [b, s, h·d].
+Causal means PyTorch's is_causal (top-left diagonal), ORT's unidirectional and OpenVINO's causal
+attribute (all top-left), and a 0/-inf mask for ggml; all agree with sdpa's bottom-right
+alignment only when nq == nkv, so a causal run with nq != nkv is refused.
+Inputs: standard normal float32, fixed seed; torch and OpenVINO get [b, h, s, d], ORT
+[b, s, h·d], ggml the token-major [b, s, h, d] of llama.cpp's KV cache.
+
+What keeps the comparison fair:
+  * OpenVINO: INFERENCE_PRECISION_HINT=f32 (on CPUs with bf16 or AMX, OpenVINO would otherwise
+    compute in bf16), PERFORMANCE_HINT=LATENCY (one stream), INFERENCE_NUM_THREADS=--threads,
+    inputs bound once as shared-memory tensors, so a timed call is InferRequest.infer() only.
+    The op has no grouped-query form: with hkv < h, K and V are repeated to h heads before
+    timing (not timed; the line's "note" says so). The CPU plugin decomposes this op into a
+    fused MatMul/Softmax/MatMul subgraph; its KV-cache attention path for LLMs is a different
+    kernel, not timed here.
+  * ggml: built for this CPU (-march=native, OpenMP) by peers_setup.sh; one FLASH_ATTN_EXT node
+    with precision F32, scale 1/sqrt(d), GQA by broadcast (no repeat), a graph plan made once with
+    --threads threads, so a timed call is ggml_graph_compute() only. For nq below its Q tile,
+    ggml rounds Q to f16 and accumulates in f16 (errors around 1e-3, visible in max_abs_diff).
 """
 
 import argparse
@@ -25,6 +46,9 @@ import os
 import statistics
 import sys
 import time
+
+KERNELS = ("torch_flash", "torch_math", "ort_mha", "ov_sdpa", "ggml_fa")
+OPTIONAL = {"ov_sdpa": "openvino", "ggml_fa": "ggml"}  # kernel -> the module it needs
 
 
 def parse():
@@ -35,8 +59,11 @@ def parse():
     p.add_argument("--causal", action="store_true")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--kernels", default="torch_flash,torch_math,ort_mha")
+    p.add_argument("--kernels", default=",".join(KERNELS))
     a = p.parse_args()
+    unknown = set(a.kernels.split(",")) - set(KERNELS)
+    if unknown:
+        p.error(f"unknown kernels {sorted(unknown)}; known: {', '.join(KERNELS)}")
     a.hkv = a.hkv or a.h
     if a.h % a.hkv:
         p.error("--h must be a multiple of --hkv")
@@ -119,6 +146,25 @@ def main():
             except Exception as e:
                 record("ort_mha", error=f"{type(e).__name__}: {e}")
 
+    for kernel, setup in (("ov_sdpa", ov_sdpa), ("ggml_fa", ggml_fa)):
+        if kernel not in wanted:
+            continue
+        if not importable(OPTIONAL[kernel]):
+            print(f"peer_time: {kernel} skipped: Python module {OPTIONAL[kernel]!r} is not installed"
+                  " (scripts/peers_setup.sh --extra installs it)", file=sys.stderr)
+            continue
+        try:
+            call, read_out, note, keep_alive = setup(a, q_np, k_np, v_np)
+            seconds = median_seconds(call, a.reps)
+            call()
+            record(kernel, seconds, out=read_out())
+            results[-1]["kv_dtype"] = "f32"
+            if note:
+                results[-1]["note"] = note
+            del keep_alive
+        except Exception as e:
+            record(kernel, error=f"{type(e).__name__}: {e}")
+
     math_out = outputs.get("torch_math")
     for row in results:
         out = outputs.get(row["kernel"])
@@ -130,6 +176,12 @@ def main():
         )
         print(json.dumps(row))
     sys.stdout.flush()
+
+
+def importable(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def ort_mha(a, q, k, v):
@@ -173,6 +225,104 @@ def ort_mha(a, q, k, v):
     )
     feeds = {"query": packed(q), "key": packed(k), "value": packed(v)}
     return session, feeds
+
+
+def ov_sdpa(a, q, k, v):
+    """OpenVINO's ScaledDotProductAttention op alone in a model, compiled for the CPU plugin.
+
+    Returns (call, read_out, note, keep_alive): call() runs one inference on the bound inputs,
+    read_out() copies the output [b, h, nq, d], keep_alive holds the arrays the tensors share."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    group = a.h // a.hkv
+    note = None
+    if group > 1:  # the op checks that K/V have H heads: repeat them here, untimed
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        note = f"K/V repeated {group}x to h heads before timing (the op has no GQA)"
+    arrays = {"q": q, "k": np.ascontiguousarray(k), "v": np.ascontiguousarray(v)}
+    params = [ops.parameter(list(x.shape), ov.Type.f32, name=name) for name, x in arrays.items()]
+    node = ops.scaled_dot_product_attention(*params, causal=a.causal)
+    model = ov.Model([node], params, "sdpa_peer")
+    config = {
+        "INFERENCE_NUM_THREADS": str(a.threads),
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32",
+    }
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    request = compiled.create_infer_request()
+    for name, x in arrays.items():
+        request.set_tensor(name, ov.Tensor(x, shared_memory=True))
+    read_out = lambda: np.array(request.get_output_tensor(0).data, dtype=np.float32)
+    return request.infer, read_out, note, arrays
+
+
+def ggml_fa(a, q, k, v):
+    """One ggml_flash_attn_ext node as llama.cpp builds it, on a token-major f32 KV cache.
+
+    Same return value as ov_sdpa."""
+    import ctypes
+
+    import numpy as np
+    import ggml
+
+    if hasattr(ggml, "ggml_cpu_init"):
+        ggml.ggml_cpu_init()
+    token_major = lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # [b,h,s,d] -> [b,s,h,d]
+    q_t, k_t, v_t = token_major(q), token_major(k), token_major(v)
+    # ggml sizes run innermost first; older ggml wants the mask's rows padded (to 64 at most).
+    mask_rows = -(-a.nq // 64) * 64
+    data_bytes = sum(x.nbytes for x in (q_t, k_t, v_t)) * 2 + 2 * mask_rows * a.nkv
+    mem = data_bytes + 16 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead() + (1 << 20)
+    params = ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False)
+    ctx = ggml.ggml_init(params)
+    if not ctx:
+        raise RuntimeError("ggml_init failed")
+
+    def tensor(x, kind):
+        t = ggml.ggml_new_tensor_4d(ctx, kind, *reversed(x.shape))
+        assert ggml.ggml_nbytes(t) == x.nbytes
+        ctypes.memmove(ggml.ggml_get_data(t), x.ctypes.data, x.nbytes)
+        return t
+
+    f32 = ggml.GGML_TYPE_F32
+    # Views [d, s, h, b] of the [d, h, s, b] buffers: the layout llama.cpp hands the op.
+    qv, kv, vv = (ggml.ggml_permute(ctx, tensor(x, f32), 0, 2, 1, 3) for x in (q_t, k_t, v_t))
+    mask = None
+    if a.causal:  # llama.cpp's KQ mask: f16, 0 where visible, -inf where hidden
+        keep = np.arange(a.nkv)[None, :] <= np.arange(mask_rows)[:, None]
+        mask = tensor(np.where(keep, 0.0, -np.inf).astype(np.float16)[None, None], ggml.GGML_TYPE_F16)
+    out = ggml.ggml_flash_attn_ext(ctx, qv, kv, vv, mask, 1.0 / a.d ** 0.5, 0.0, 0.0)
+    ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
+    graph = ggml.ggml_new_graph(ctx)
+    ggml.ggml_build_forward_expand(graph, out)
+    plan = ggml.ggml_graph_plan(graph, a.threads, None)
+    work = None
+    if plan.work_size:
+        work = (ctypes.c_uint8 * plan.work_size)()
+        plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_uint8))
+    plan_ref = ctypes.byref(plan)
+
+    def call():
+        status = ggml.ggml_graph_compute(graph, plan_ref)
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute returned {status}")
+
+    def read_out():  # the op writes [b, nq, h, d]
+        n = a.b * a.nq * a.h * a.d
+        flat = np.ctypeslib.as_array((ctypes.c_float * n).from_address(ggml.ggml_get_data(out)))
+        return flat.reshape(a.b, a.nq, a.h, a.d).transpose(0, 2, 1, 3).copy()
+
+    class Context:  # frees ggml's memory when the caller drops it
+        def __init__(self):
+            self.arrays = (q_t, k_t, v_t, work)
+
+        def __del__(self):
+            ggml.ggml_free(ctx)
+
+    note = "f32 K/V; for small nq ggml rounds Q to f16 and accumulates in f16" if a.nq < 64 else None
+    return call, read_out, note, Context()
 
 
 if __name__ == "__main__":

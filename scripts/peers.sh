@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Times sdpa against its CPU peers (PyTorch SDPA flash and math backends, ONNX Runtime's
-# MultiHeadAttention) on one grid of shapes, on this machine, and prints a Markdown table.
+# MultiHeadAttention, and where installed OpenVINO's ScaledDotProductAttention and ggml's flash
+# attention) on one grid of shapes, on this machine, and prints a Markdown table.
 #
-#   scripts/peers.sh            full grid (about 10-20 minutes on 2 cores; run it on a quiet machine)
-#   scripts/peers.sh --quick    smoke run: small grid, few repetitions (about a minute after setup)
-#   scripts/peers.sh --setup    only create or check the Python environment, then exit
+#   scripts/peers.sh                  full grid (about 10-20 minutes on 2 cores; run it on a quiet machine)
+#   scripts/peers.sh --quick          smoke run: small grid, few repetitions (about a minute after setup)
+#   scripts/peers.sh --setup          only create or check the Python environment, then exit
+#   scripts/peers.sh --extra [...]    also install the optional peers, OpenVINO and ggml (a few minutes)
 #
-# Environment: SDPA_PEERS_VENV (default ~/.cache/sdpa-peers) is the virtual environment that
-# holds torch, onnxruntime, onnx and numpy; it is created on first use (about 3 GB from PyPI,
-# a few minutes) and reused while it imports. SDPA_PEERS_OUT (default target/peers) receives
-# results.jsonl (every JSON line, schema of shared/README.md, plus "round": 1 or 2 for the sdpa
-# runs before and after the peers, and "max_abs_diff" of each peer against torch math) and table.md.
+# Everything it needs is in this repository: scripts/peers_setup.sh makes the Python environment,
+# scripts/peer_time.py times the peers, scripts/peers_table.py makes the table. Environment:
+# SDPA_PEERS_VENV (default ~/.cache/sdpa-peers) is the virtual environment that holds torch,
+# onnxruntime, onnx and numpy (and, after --extra, openvino and ggml); it is created on first use
+# (about 3 GB from PyPI, a few minutes) and reused while it imports. Optional peers that are not
+# installed are skipped with a message. SDPA_PEERS_OUT (default target/peers) receives
+# results.jsonl (every JSON line, schema in docs/bench-schema.md, plus "round": 1 or 2 for the
+# sdpa runs before and after the peers, and "max_abs_diff" of each peer against torch math) and
+# table.md.
 #
 # Grid (full): B=1, H=8, n_q = n_kv in {512, 2048, 4096}, d in {64, 128}, causal and not,
 # threads 1 and 2; decode: n_q = 1, H = 32, H_kv = 8, d = 128, n_kv in {4096, 16384}, not causal
@@ -20,7 +26,7 @@
 # Drift: per shape and thread count the runs go sdpa, peers, sdpa, and sdpa's figure is the
 # median of its two runs' medians, so a drift of the machine's speed that is linear over the
 # few seconds of one shape cancels. GFLOP/s = 4·B·H·n_q·n_kv·d / s, the full unmasked work even
-# when causal (as in shared/README.md).
+# when causal (docs/bench-schema.md).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,32 +34,20 @@ root=$(cd "$here/.." && pwd)
 venv=${SDPA_PEERS_VENV:-$HOME/.cache/sdpa-peers}
 out_dir=${SDPA_PEERS_OUT:-$root/target/peers}
 mode=full
+setup_args=()
 for arg in "$@"; do
   case $arg in
     --quick) mode=quick ;;
     --setup) mode=setup ;;
-    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --extra) setup_args+=(--extra) ;;
+    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "peers.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
 
 # --- 1. The Python environment with the peers. -------------------------------------------
+SDPA_PEERS_VENV=$venv bash "$here/peers_setup.sh" "${setup_args[@]}"
 py=$venv/bin/python
-peers_ready() {
-  [ -x "$py" ] && "$py" -c 'import torch, onnxruntime, onnx, numpy' >/dev/null 2>&1
-}
-if peers_ready; then
-  echo "peers: reusing $venv" >&2
-else
-  echo "peers: installing torch, onnxruntime, onnx, numpy from PyPI into $venv (about 3 GB)" >&2
-  [ -x "$py" ] || python3 -m venv "$venv"
-  "$py" -m pip install --quiet --upgrade pip
-  # PyPI's torch wheel for Linux x86-64 is the CUDA build and pulls its CUDA libraries (the CPU-only
-  # wheels live on another index); the CPU kernels timed here never touch them.
-  "$py" -m pip install --quiet torch onnxruntime onnx numpy
-  peers_ready || { echo "peers: $venv does not import torch, onnxruntime, onnx, numpy" >&2; exit 1; }
-fi
-"$py" -c 'import torch, onnxruntime; print("peers: torch", torch.__version__, "onnxruntime", onnxruntime.__version__)' >&2
 [ "$mode" = setup ] && exit 0
 
 # --- 2. sdpa's bench example. ------------------------------------------------------------

@@ -7,7 +7,8 @@
 The table has one row per (shape, threads): GFLOP/s of sdpa and of each peer, from the median
 over all of a kernel's runs of that shape of each run's median time, and sdpa / best peer (the
 fastest peer that ran). GFLOP/s = 4·B·H·n_q·n_kv·d / s / 1e9, the full unmasked work even when
-causal (../shared/README.md), so a kernel that skips masked blocks shows a higher rate.
+causal (docs/bench-schema.md), so a kernel that skips masked blocks shows a higher rate.
+Columns of the optional peers (OpenVINO, ggml) appear only when the results hold a line of them.
 """
 
 import argparse
@@ -15,7 +16,14 @@ import json
 import statistics
 import sys
 
-PEERS = [("torch_flash", "torch flash"), ("torch_math", "torch math"), ("ort_mha", "ORT MHA")]
+PEERS = [
+    ("torch_flash", "torch flash"),
+    ("torch_math", "torch math"),
+    ("ort_mha", "ORT MHA"),
+    ("ov_sdpa", "OpenVINO SDPA"),
+    ("ggml_fa", "ggml FA"),
+]
+OPTIONAL = {"ov_sdpa", "ggml_fa"}
 SHAPE_KEYS = ("b", "h", "hkv", "nq", "nkv", "d", "causal", "threads")
 
 
@@ -72,7 +80,9 @@ def table():
         b, h, _, nq, nkv, d, _, _ = key
         return 4 * b * h * nq * nkv * d / statistics.median(entry) / 1e9
 
-    heads = ["shape", "threads", "sdpa"] + [name for _, name in PEERS] + ["sdpa / best peer"]
+    seen = {kernel for kernels in runs.values() for kernel in kernels}
+    peers = [(k, name) for k, name in PEERS if k not in OPTIONAL or k in seen]
+    heads = ["shape", "threads", "sdpa"] + [name for _, name in peers] + ["sdpa / best peer"]
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * 2 + "---:|" * (len(heads) - 2))
     errors = []
@@ -82,7 +92,7 @@ def table():
         ours = gflops(key, "sdpa")
         cells.append("–" if ours is None else f"{ours:.1f}")
         best = None
-        for kernel, _ in PEERS:
+        for kernel, _ in peers:
             rate = gflops(key, kernel)
             entry = runs[key].get(kernel)
             if isinstance(entry, str):
