@@ -25,7 +25,7 @@
 //!
 //! Throughput is `Throughput::Elements(4·B·H·n_q·n_kv·d)`, the floating-point operations of
 //! the two matrix products, so the "elem/s" criterion prints are FLOP/s. The count is the full,
-//! unmasked work even for causal runs (as in `../shared/README.md` and `examples/bench.rs`),
+//! unmasked work even for causal runs (as in `docs/bench-schema.md` and `examples/bench.rs`),
 //! so skipping masked blocks shows up as a higher rate rather than a smaller count.
 //!
 //! `1t` runs inside a one-thread rayon pool, `all_threads` inside a pool of

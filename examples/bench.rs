@@ -1,5 +1,6 @@
 //! Times the fused kernel on one shape and prints one JSON line in the schema of
-//! `../shared/README.md`, so it lines up with `../shared/peers/peer_bench.py`.
+//! `docs/bench-schema.md`, so it lines up with the peers' lines of `scripts/peer_time.py`
+//! (`scripts/peers.sh` runs both over a grid of shapes).
 //!
 //! ```text
 //! cargo run --release --example bench -- --b 1 --h 8 --nq 2048 --nkv 2048 --d 64 --threads 1
