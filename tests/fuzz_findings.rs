@@ -1,4 +1,4 @@
-//! Regression tests for what the fuzz targets found (`tests/fuzz_cases/`), each minimized to a
+//! Regression tests for what the fuzz targets found (`tests/support/`), each minimized to a
 //! few elements. Every test states the documented behaviour it checks.
 
 use sdpa::reference::{self, ErrorBound};

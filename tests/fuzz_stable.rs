@@ -1,35 +1,35 @@
 //! The fuzz targets' checks on stable, inside `cargo test`:
 //! * random cases: bytes from a fixed-seed generator decoded exactly as libFuzzer's inputs are
-//!   (`tests/fuzz_cases/`), a fixed number per target (`SDPA_FUZZ_CASES` overrides);
+//!   (`tests/support/`), a fixed number per target (`SDPA_FUZZ_CASES` overrides);
 //! * every file of `fuzz/corpus/<target>/` and `tests/regressions/<target>/`, replayed;
-//! * the seed files of the corpora, checked to decode to the seeds of `fuzz_cases::seeds`
+//! * the seed files of the corpora, checked to decode to the seeds of `support::seeds`
 //!   (`SDPA_WRITE_CORPUS=1` rewrites them).
 //!
 //! A failing case is reported with its bytes in hex and written to
 //! `target/fuzz-stable-failures/`; copy it to `tests/regressions/<target>/` to keep it, and
 //! reproduce it with `cargo +nightly fuzz run <target> <file>`.
 
-mod fuzz_cases;
+mod support;
 
 use arbitrary::Unstructured;
-use fuzz_cases::values::SplitMix;
-use fuzz_cases::{api, differential, seeds};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use support::values::SplitMix;
+use support::{api, differential, merge, seeds};
 
-/// Random cases per target: (differential, api), smaller in debug builds, where the f64
+/// Random cases per target: (differential, api, merge), smaller in debug builds, where the f64
 /// reference is ~20× slower.
-fn case_counts() -> (usize, usize) {
+fn case_counts() -> (usize, usize, usize) {
     if let Some(n) = std::env::var("SDPA_FUZZ_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        return (n, n);
+        return (n, n, n);
     }
     if cfg!(debug_assertions) {
-        (25, 2_000)
+        (25, 2_000, 50)
     } else {
-        (1_500, 20_000)
+        (1_500, 20_000, 1_000)
     }
 }
 
@@ -96,7 +96,7 @@ fn random_input(rng: &mut SplitMix, max: usize) -> Vec<u8> {
 
 #[test]
 fn random_differential_cases() {
-    let (n, _) = case_counts();
+    let (n, _, _) = case_counts();
     let mut rng = SplitMix(0x5d9a_0001);
     let mut stats = differential::Stats::default();
     let mut failures = Failures::default();
@@ -121,7 +121,7 @@ fn random_differential_cases() {
 
 #[test]
 fn random_api_cases() {
-    let (_, n) = case_counts();
+    let (_, n, _) = case_counts();
     let mut rng = SplitMix(0x5d9a_0002);
     let mut stats = api::ApiStats::default();
     let mut failures = Failures::default();
@@ -142,10 +142,34 @@ fn random_api_cases() {
     assert!(stats.validated_only >= n / 5_000, "{stats:?}");
 }
 
-/// Every file of `dir/<target>/`, for the targets with checks.
+#[test]
+fn random_merge_cases() {
+    let (_, _, n) = case_counts();
+    let mut rng = SplitMix(0x5d9a_0003);
+    let mut failures = Failures::default();
+    let (mut cases, mut pieces) = (0, 0);
+    for i in 0..n {
+        // Long enough for the values of the larger shapes most of the time.
+        let len = 16 + (rng.next_u64() % 3000) as usize;
+        let data = rng.bytes(len);
+        let Ok(case) = merge::MergeCase::decode(&mut Unstructured::new(&data)) else {
+            continue;
+        };
+        failures.run("merge", &format!("random case {i}"), &data, || {
+            pieces += merge::check(&case);
+            cases += 1;
+        });
+    }
+    eprintln!("merge: {cases} cases, {pieces} pieces");
+    failures.assert_none("random merge cases");
+    assert!(cases >= n * 9 / 10, "{cases} of {n} cases decoded");
+    assert!(pieces >= 2 * cases, "{pieces} pieces in {cases} cases");
+}
+
+/// Every file of `dir/<target>/`, for every target.
 fn replay_dir(dir: &Path, failures: &mut Failures) -> usize {
     let mut count = 0;
-    for target in fuzz_cases::TARGETS {
+    for target in support::TARGETS {
         let Ok(entries) = std::fs::read_dir(dir.join(target)) else {
             continue;
         };
@@ -159,7 +183,7 @@ fn replay_dir(dir: &Path, failures: &mut Failures) -> usize {
                 .display()
                 .to_string();
             failures.run(target, &label, &data, || {
-                fuzz_cases::run(target, &data);
+                support::run(target, &data);
             });
             count += 1;
         }
@@ -174,7 +198,7 @@ fn replay_corpora_and_regressions() {
     let regressions = replay_dir(&root().join("tests/regressions"), &mut failures);
     eprintln!("replayed {corpus} corpus files and {regressions} regression inputs");
     failures.assert_none("corpus and regression replay");
-    assert!(corpus >= seeds::differential().len() + seeds::api().len());
+    assert!(corpus >= seeds::differential().len() + seeds::api().len() + seeds::merge().len());
 }
 
 #[test]
@@ -203,6 +227,36 @@ fn seed_corpus() {
         let bytes = case.encode();
         let back = api::ApiCase::decode(&mut Unstructured::new(&bytes));
         check("api", name, bytes, back.as_ref() == Ok(&case));
+    }
+    for (name, case) in seeds::merge() {
+        let bytes = case.encode();
+        let back = merge::MergeCase::decode(&mut Unstructured::new(&bytes));
+        check("merge", name, bytes, back.as_ref() == Ok(&case));
+    }
+    // Only named seeds in the corpora: every file is a seed of `support::seeds` (inputs a
+    // fuzzing campaign minted belong to that campaign; keep a finding in tests/regressions/).
+    let names: Vec<String> = [
+        (
+            "differential",
+            seeds::differential()
+                .iter()
+                .map(|s| s.0)
+                .collect::<Vec<_>>(),
+        ),
+        ("api", seeds::api().iter().map(|s| s.0).collect()),
+        ("merge", seeds::merge().iter().map(|s| s.0).collect()),
+    ]
+    .iter()
+    .flat_map(|(t, ns)| ns.iter().map(move |n| format!("{t}/seed-{n}")))
+    .collect();
+    for target in support::TARGETS {
+        let dir = root().join("fuzz/corpus").join(target);
+        for e in std::fs::read_dir(&dir).expect("corpus dir").flatten() {
+            let name = format!("{target}/{}", e.file_name().to_string_lossy());
+            if !names.contains(&name) {
+                stale.push(format!("{} (not a named seed)", e.path().display()));
+            }
+        }
     }
     assert!(
         stale.is_empty(),

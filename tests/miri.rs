@@ -3,15 +3,15 @@
 //! `wide`'s lanes (under Miri the portable backend is always used; the AVX2/AVX-512 intrinsics
 //! cannot run there). Shapes are tiny because Miri is about a thousand times slower, but they
 //! cross every tile edge of the portable backend (8 lanes, 16-row panels, 6-key tiles): the
-//! same checks as the fuzz targets, from `tests/fuzz_cases/`. Also runs on stable in
+//! same checks as the fuzz targets, from `tests/support/`. Also runs on stable in
 //! `cargo test`, where it takes milliseconds.
 
-mod fuzz_cases;
+mod support;
 
-use fuzz_cases::differential::{check, DiffCase, Shape};
-use fuzz_cases::layout::Layout;
-use fuzz_cases::opts::{CausalKind, OptSpec};
-use fuzz_cases::{api, seeds};
+use support::differential::{check, DiffCase, Shape};
+use support::layout::Layout;
+use support::opts::{CausalKind, OptSpec};
+use support::{api, seeds};
 
 /// Largest `B·H·n_q·n_kv·(d_k+d_v)` of a seed run here.
 const MIRI_WORK: usize = 2_500;

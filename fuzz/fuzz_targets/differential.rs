@@ -1,5 +1,5 @@
 //! Fused kernel against the f64 reference on small arbitrary problems: shapes, layouts,
-//! options and values (extremes included). See `tests/fuzz_cases/differential.rs`.
+//! options and values (extremes included). See `tests/support/differential.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,0 +1,69 @@
+//! The one test harness: shapes, layouts, buffers with sentinels, random problems and options,
+//! and the checks against `sdpa::reference` and its `error_bounds`, shared by every integration
+//! test, the stable replay of the fuzz targets (`tests/fuzz_stable.rs`), the Miri subset
+//! (`tests/miri.rs`) and the cargo-fuzz targets (`fuzz/`).
+//!
+//! Why a module included by path rather than a crate: the fuzz project is its own workspace on
+//! nightly with libFuzzer, which the main crate's tests must not depend on, and the main crate
+//! cannot dev-depend on a crate inside it. This directory depends only on `sdpa`, `arbitrary`,
+//! `rand` and `rayon`, so both sides compile it as a plain module: the tests with
+//! `mod support;`, the fuzz crate's library with `#[path = "../../tests/support/mod.rs"]`. It
+//! is not a test target itself (Cargo only picks up `tests/*.rs` and `tests/*/main.rs`).
+//!
+//! * [`bytes`]: how bytes decode to values (and encode back, for the seed corpora);
+//! * [`layout`]: the one layout type and the one buffer type (with sentinel padding);
+//! * [`values`]: the one deterministic generator ([`values::SplitMix`]) and value fills;
+//! * [`opts`]: the one generator of options ([`opts::OptSpec`]) and the model of what they mean;
+//! * [`differential`]: the one shape ([`differential::Shape`]), problems, and the
+//!   fused-vs-reference check; [`harness`]: running views and the strict check for hand-made
+//!   problems; [`api`]: the no-panic / typed-error check; [`merge`]: `merge_partials`;
+//! * [`seeds`]: the named seed inputs written to `fuzz/corpus/<target>/`;
+//! * [`counting_alloc`]: the counting global allocator (`benches/support/counting_alloc.rs`).
+//!
+//! Adding an option means teaching [`opts::OptSpec`] (decode, encode, materialize, the model
+//! and its errors) and nothing else: every generator and checker goes through it.
+
+#![allow(dead_code)] // each includer uses a different part
+
+pub mod api;
+pub mod bytes;
+#[path = "../../benches/support/counting_alloc.rs"]
+pub mod counting_alloc;
+pub mod differential;
+pub mod layout;
+pub mod merge;
+pub mod opts;
+pub mod seeds;
+pub mod values;
+
+use arbitrary::Unstructured;
+
+/// The fuzz targets, by corpus directory name.
+pub const TARGETS: [&str; 3] = ["differential", "api", "merge"];
+
+/// Decodes `data` as an input of `target` and checks it (panicking on a violation).
+/// Returns `false` if `target` is not one of [`TARGETS`].
+pub fn run(target: &str, data: &[u8]) -> bool {
+    let mut u = Unstructured::new(data);
+    match target {
+        "differential" => {
+            if let Ok(case) = differential::DiffCase::decode(&mut u) {
+                differential::check(&case);
+            }
+            true
+        }
+        "api" => {
+            if let Ok(case) = api::ApiCase::decode(&mut u) {
+                api::check(&case);
+            }
+            true
+        }
+        "merge" => {
+            if let Ok(case) = merge::MergeCase::decode(&mut u) {
+                merge::check(&case);
+            }
+            true
+        }
+        _ => false,
+    }
+}
