@@ -1,4 +1,4 @@
-//! Edge cases of the semantics contract (`/work/shared/NOTES.md` §1, crate docs "Semantics"),
+//! Edge cases of the semantics contract (the crate docs, "Semantics", and the README),
 //! for the fused kernel and the reference alike:
 //!
 //! * huge logits (±1e4 and beyond) stay finite and accurate: the running max is subtracted;

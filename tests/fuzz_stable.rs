@@ -264,3 +264,10 @@ fn seed_corpus() {
          fuzz_stable seed_corpus): {stale:?}"
     );
 }
+
+#[test]
+fn layout_permutations_are_distinct() {
+    let all: std::collections::HashSet<_> = (0..24).map(support::layout::permutation).collect();
+    assert_eq!(all.len(), 24);
+    assert_eq!(support::layout::permutation(0), [0, 1, 2, 3]);
+}

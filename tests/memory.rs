@@ -7,9 +7,9 @@
 
 use sdpa::{Options, Tensor, TensorMut};
 
-#[path = "../benches/support/counting_alloc.rs"]
-mod counting_alloc;
-use counting_alloc::{with_peak_heap, CountingAlloc};
+mod support;
+use support::counting_alloc::{with_peak_heap, CountingAlloc};
+use support::values::SplitMix;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -31,20 +31,12 @@ struct Problem {
 }
 
 fn problem(n: usize, heads: usize, d: usize) -> Problem {
-    // A cheap deterministic fill (xorshift); values in [-1, 1).
-    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    };
     let len = n * heads * d;
     Problem {
         dims_q: [1, n, heads, d],
         dims_kv: [1, n, heads, d],
-        q: (0..len).map(|_| next()).collect(),
-        kv: (0..len).map(|_| next()).collect(),
+        q: SplitMix::unit_values(len, n as u64),
+        kv: SplitMix::unit_values(len, !(n as u64)),
         out: vec![0.0; len],
         lse: vec![0.0; heads * n],
     }

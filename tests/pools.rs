@@ -1,20 +1,36 @@
 //! Thread-count determinism and pool behaviour: the fused kernel gives bitwise identical results
-//! on pools of 1, 2, 3 and 4 threads, when called from inside a pool's worker (nested
-//! `install`, a `rayon::scope` task, a parallel iterator), and from several std threads at once
-//! on the global pool and on their own pools.
+//! on pools of 1, 2, 3 and 4 threads (block sizes depend on the shape only and each query row
+//! is reduced in one fixed order), when called from inside a pool's worker (nested `install`, a
+//! `rayon::scope` task, a parallel iterator), and from several std threads at once on the
+//! global pool and on their own pools.
+
+mod support;
 
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
-use sdpa::{Alignment, Options, Tensor, TensorMut};
+use sdpa::{Alignment, Options};
 use std::sync::OnceLock;
+use support::differential::Shape;
+use support::layout::{Buffer, Layout, POISON, SENTINEL};
+use support::values::SplitMix;
 
-/// One attention problem with its inputs (contiguous BSHD).
+/// Which options a problem uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Opts {
+    Plain,
+    Causal(Alignment),
+    /// Causal, window, ALiBi, softcap, sinks and key lengths at once.
+    All,
+}
+
+/// One attention problem with its inputs (K in `k_layout`, Q and V contiguous BSHD).
 struct Problem {
     name: &'static str,
-    dims: [usize; 7], // batch, heads, kv_heads, n_q, n_kv, d_k, d_v
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    shape: Shape,
+    opts: Opts,
+    q: Buffer,
+    k: Buffer,
+    v: Buffer,
     slopes: Vec<f32>,
     sinks: Vec<f32>,
     kv_lens: Vec<usize>,
@@ -23,60 +39,55 @@ struct Problem {
 /// The output bits and LSE bits of one run.
 type Bits = (Vec<u32>, Vec<u32>);
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+fn buffer(dims: [usize; 4], layout: Layout, seed: u64, range: f32) -> Buffer {
+    let mut b = Buffer::new(dims, &layout, false, POISON);
+    let n = dims.iter().product();
+    let values = SplitMix::unit_values(n, seed);
+    for (idx, x) in support::layout::indices(dims).zip(values) {
+        b.set(idx, range * x);
+    }
+    b
 }
 
 impl Problem {
-    fn new(name: &'static str, dims: [usize; 7], seed: u64) -> Problem {
-        let [b, h, hk, n_q, n_kv, d_k, d_v] = dims;
+    fn new(name: &'static str, shape: Shape, opts: Opts, k_layout: Layout, seed: u64) -> Problem {
+        let (b, h, n_kv) = (shape.batch, shape.heads(), shape.n_kv);
         Problem {
             name,
-            dims,
-            q: values(b * n_q * h * d_k, seed),
-            k: values(b * n_kv * hk * d_k, seed + 1),
-            v: values(b * n_kv * hk * d_v, seed + 2),
+            shape,
+            opts,
+            q: buffer(shape.q_dims(), Layout::BSHD, seed, 2.0),
+            k: buffer(shape.k_dims(), k_layout, seed + 1, 1.0),
+            v: buffer(shape.v_dims(), Layout::BSHD, seed + 2, 1.0),
             slopes: sdpa::alibi_slopes(h),
-            sinks: values(h, seed + 3),
+            sinks: SplitMix::unit_values(h, seed + 3),
             kv_lens: (0..b).map(|i| n_kv - i % (n_kv + 1)).collect(),
         }
     }
 
-    /// The options of this problem: plain, causal, or everything at once.
     fn options(&self) -> Options<'_> {
-        match self.name {
-            "prefill-causal-gqa" => Options::new().causal(Alignment::TopLeft),
-            "options" => Options::new()
+        match self.opts {
+            Opts::Plain => Options::new(),
+            Opts::Causal(a) => Options::new().causal(a),
+            Opts::All => Options::new()
                 .causal(Alignment::BottomRight)
                 .sliding_window(64, 0, Alignment::BottomRight)
                 .alibi(&self.slopes, Alignment::BottomRight)
                 .softcap(30.0)
                 .sinks(&self.sinks)
                 .kv_lens(&self.kv_lens),
-            _ => Options::new(),
         }
     }
 
     /// Runs `attention_lse` on whatever pool the caller is in.
     fn run(&self) -> Bits {
-        let [b, h, hk, n_q, n_kv, d_k, d_v] = self.dims;
-        let q = Tensor::bshd(&self.q, [b, n_q, h, d_k]).unwrap();
-        let k = Tensor::bshd(&self.k, [b, n_kv, hk, d_k]).unwrap();
-        let v = Tensor::bshd(&self.v, [b, n_kv, hk, d_v]).unwrap();
-        let mut out = vec![f32::NAN; b * n_q * h * d_v];
-        let mut lse = vec![f32::NAN; b * h * n_q];
-        let mut view = TensorMut::bshd(&mut out, [b, n_q, h, d_v]).unwrap();
-        sdpa::attention_lse(&q, &k, &v, &mut view, &mut lse, &self.options()).unwrap();
+        let s = self.shape;
+        let mut out = Buffer::new(s.out_dims(), &Layout::BSHD, true, SENTINEL);
+        let mut lse = vec![f32::from_bits(SENTINEL); s.batch * s.heads() * s.n_q];
+        let (q, k, v) = (self.q.view(), self.k.view(), self.v.view());
+        sdpa::attention_lse(&q, &k, &v, &mut out.view_mut(), &mut lse, &self.options()).unwrap();
         (
-            out.iter().map(|x| x.to_bits()).collect(),
+            out.data.iter().map(|x| x.to_bits()).collect(),
             lse.iter().map(|x| x.to_bits()).collect(),
         )
     }
@@ -88,9 +99,27 @@ fn problems() -> &'static [Problem] {
     static P: OnceLock<Vec<Problem>> = OnceLock::new();
     P.get_or_init(|| {
         vec![
-            Problem::new("prefill-causal-gqa", [2, 8, 2, 130, 130, 64, 64], 1),
-            Problem::new("decode", [1, 8, 1, 1, 3000, 128, 128], 2),
-            Problem::new("options", [3, 4, 2, 70, 200, 32, 48], 3),
+            Problem::new(
+                "prefill-causal-gqa",
+                Shape::new(2, 8, 2, 130, 130, 64, 64),
+                Opts::Causal(Alignment::TopLeft),
+                Layout::BSHD,
+                1,
+            ),
+            Problem::new(
+                "decode",
+                Shape::new(1, 8, 1, 1, 3000, 128, 128),
+                Opts::Plain,
+                Layout::BSHD,
+                2,
+            ),
+            Problem::new(
+                "options",
+                Shape::new(3, 4, 2, 70, 200, 32, 48),
+                Opts::All,
+                Layout::BSHD,
+                3,
+            ),
         ]
     })
 }
@@ -186,4 +215,64 @@ fn concurrent_std_threads_on_global_and_own_pools() {
             });
         }
     });
+}
+
+// Many work items (B · H_kv · query blocks) so that every pool splits the work differently;
+// K in BHSD. (Formerly tests/determinism.rs.)
+
+/// Pools of 1, 2 and 3 threads, twice each, give the bits of the 1-thread pool, and those are
+/// finite.
+fn identical_for_any_thread_count(p: &Problem) {
+    let pools = [pool(1), pool(2), pool(3)];
+    let want = pools[0].install(|| p.run());
+    assert!(
+        want.0
+            .iter()
+            .chain(&want.1)
+            .all(|&b| f32::from_bits(b).is_finite()),
+        "{}: the 1-thread run must be finite",
+        p.name
+    );
+    for (pool, threads) in pools.iter().zip([1, 2, 3]) {
+        for repeat in 0..2 {
+            let got = pool.install(|| p.run());
+            assert_same(
+                p,
+                &got,
+                &want,
+                &format!("{threads} threads, repeat {repeat}"),
+            );
+        }
+    }
+}
+
+const SHAPE: Shape = Shape::new(2, 8, 2, 500, 500, 64, 64);
+
+#[test]
+fn unmasked_results_are_identical_for_any_thread_count() {
+    let p = Problem::new("unmasked", SHAPE, Opts::Plain, Layout::BHSD, 11);
+    identical_for_any_thread_count(&p);
+}
+
+#[test]
+fn causal_results_are_identical_for_any_thread_count() {
+    let opts = Opts::Causal(Alignment::TopLeft);
+    let p = Problem::new("causal", SHAPE, opts, Layout::BHSD, 12);
+    identical_for_any_thread_count(&p);
+}
+
+#[test]
+fn bottom_right_causal_with_unequal_lengths_is_identical_for_any_thread_count() {
+    let shape = Shape::new(2, 6, 6, 300, 700, 64, 40);
+    let opts = Opts::Causal(Alignment::BottomRight);
+    let p = Problem::new("bottom-right", shape, opts, Layout::BHSD, 13);
+    identical_for_any_thread_count(&p);
+}
+
+#[test]
+fn decode_shape_is_identical_for_any_thread_count() {
+    // One query row per sequence, many heads sharing few key/value heads.
+    let shape = Shape::new(3, 32, 4, 1, 2000, 128, 128);
+    let p = Problem::new("decode-2000", shape, Opts::Plain, Layout::BHSD, 14);
+    identical_for_any_thread_count(&p);
 }

@@ -111,6 +111,53 @@ fn write_head_dim(w: &mut Writer, d: usize) {
 }
 
 impl Shape {
+    /// `B, H, H_kv, n_q, n_kv, d_k, d_v` (`H` a multiple of `H_kv`).
+    pub const fn new(
+        batch: usize,
+        heads: usize,
+        kv_heads: usize,
+        n_q: usize,
+        n_kv: usize,
+        d_k: usize,
+        d_v: usize,
+    ) -> Shape {
+        assert!(kv_heads > 0 && heads % kv_heads == 0);
+        Shape {
+            batch,
+            kv_heads,
+            group: heads / kv_heads,
+            n_q,
+            n_kv,
+            d_k,
+            d_v,
+        }
+    }
+
+    /// Batch 1, one head, `d_k = d_v = d`.
+    pub const fn simple(n_q: usize, n_kv: usize, d: usize) -> Shape {
+        Shape::new(1, 1, 1, n_q, n_kv, d, d)
+    }
+
+    /// Q's dims `[B, n_q, H, d_k]`.
+    pub fn q_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_q, self.heads(), self.d_k]
+    }
+
+    /// K's dims `[B, n_kv, H_kv, d_k]`.
+    pub fn k_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_kv, self.kv_heads, self.d_k]
+    }
+
+    /// V's dims `[B, n_kv, H_kv, d_v]`.
+    pub fn v_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_kv, self.kv_heads, self.d_v]
+    }
+
+    /// The output's dims `[B, n_q, H, d_v]`.
+    pub fn out_dims(&self) -> [usize; 4] {
+        [self.batch, self.n_q, self.heads(), self.d_v]
+    }
+
     /// Query heads.
     pub fn heads(&self) -> usize {
         self.kv_heads * self.group

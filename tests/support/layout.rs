@@ -259,15 +259,3 @@ impl Buffer {
         sdpa::TensorMut::new(&mut self.data, self.dims, self.strides).expect("valid layout")
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permutations_are_distinct() {
-        let all: std::collections::HashSet<_> = (0..24).map(permutation).collect();
-        assert_eq!(all.len(), 24);
-        assert_eq!(permutation(0), [0, 1, 2, 3]);
-    }
-}

@@ -151,6 +151,12 @@ impl SplitMix {
         (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
     }
 
+    /// `n` values uniform in [−1, 1) from `seed`: the one deterministic filler of the tests.
+    pub fn unit_values(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = SplitMix(seed);
+        (0..n).map(|_| r.unit() as f32).collect()
+    }
+
     /// `n` random bytes.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
