@@ -59,12 +59,12 @@ pub enum Dim {
     /// Dimension 2: the heads.
     Heads,
     /// Dimension 3: the head size (`d_k` or `d_v`).
-    Dim,
+    HeadSize,
 }
 
 impl Dim {
     /// The four dimensions in storage order of the logical shape.
-    pub const ALL: [Dim; 4] = [Dim::Batch, Dim::Seq, Dim::Heads, Dim::Dim];
+    pub const ALL: [Dim; 4] = [Dim::Batch, Dim::Seq, Dim::Heads, Dim::HeadSize];
 }
 
 impl fmt::Display for Dim {
@@ -73,7 +73,7 @@ impl fmt::Display for Dim {
             Dim::Batch => "batch",
             Dim::Seq => "seq",
             Dim::Heads => "heads",
-            Dim::Dim => "head size",
+            Dim::HeadSize => "head size",
         })
     }
 }
@@ -136,7 +136,8 @@ pub enum Error {
     },
     /// The softmax scale is NaN or infinite.
     InvalidScale(f32),
-    /// The softcap is NaN, infinite, zero or negative.
+    /// The softcap is NaN, infinite, zero, negative, subnormal, or so large that `cap·log₂e`
+    /// overflows.
     InvalidSoftcap(f32),
     /// A value in a per-head or per-sequence option is out of range (NaN slope, key length
     /// past `n_kv`, …).
@@ -186,6 +187,13 @@ pub enum Error {
         /// `batch · heads · n_q` (saturated at `usize::MAX`).
         rows: usize,
     },
+    /// A buffer whose size follows from the arguments ([`alibi_slopes`](crate::alibi_slopes)
+    /// for an enormous head count, [`merge_partials`](crate::merge_partials)' row accumulator
+    /// for an enormous head size) cannot be allocated.
+    OutOfMemory {
+        /// Bytes requested (saturated at `usize::MAX`).
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -224,7 +232,10 @@ impl fmt::Display for Error {
             } => write!(f, "{operand}: length is {got}, expected {expected}"),
             Error::InvalidScale(s) => write!(f, "scale must be finite, got {s}"),
             Error::InvalidSoftcap(c) => {
-                write!(f, "softcap must be finite and positive, got {c}")
+                write!(
+                    f,
+                    "softcap must be a positive normal f32 with finite cap·log2(e), got {c}"
+                )
             }
             Error::InvalidValue {
                 operand,
@@ -249,6 +260,9 @@ impl fmt::Display for Error {
                 f,
                 "the fused kernel's per-worker buffers ({bytes} bytes) cannot be allocated"
             ),
+            Error::OutOfMemory { bytes } => {
+                write!(f, "a buffer of {bytes} bytes sized from the arguments cannot be allocated")
+            }
             Error::TooManyRows { rows } => {
                 write!(f, "{rows} per-row error bounds cannot be allocated")
             }

@@ -2,8 +2,9 @@
 //!
 //! `out = softmax(Q·Kᵀ·scale) · V`, computed by a fused, FlashAttention-2-style kernel that never
 //! materializes the `n_q × n_kv` score matrix, on hand-written SIMD micro-kernels chosen at run
-//! time (AVX2 + FMA where the CPU has them, portable `wide` lanes elsewhere), parallel over the
-//! caller's rayon pool, and verified against a plain f64 [`mod@reference`].
+//! time (AVX-512 or AVX2 + FMA where the CPU has them, portable `wide` lanes elsewhere; see
+//! [`backend`]), parallel over the caller's rayon pool, and verified against a plain f64
+//! [`mod@reference`].
 //!
 //! ```
 //! use sdpa::{attention, Alignment, Options, Tensor, TensorMut};
@@ -39,10 +40,12 @@
 //! * A row with no visible key (`n_kv = 0`, a causal diagonal that starts past the keys, a key
 //!   length of 0, a fully masked row): output 0 and `lse = −∞` — never NaN, never the mean of V.
 //!   (With an attention sink: output 0 and `lse = σ_h`.)
-//! * NaN in Q, K, V or a bias propagates to the outputs it touches. A NaN (or ±∞) in `v_j`
-//!   reaches every row that sees key `j`; in the fused kernel it may also reach rows that do not
-//!   see `j` but share a key block with rows that do, since masked weights are exact zeros and
-//!   `0 · NaN = 0 · ∞ = NaN`.
+//! * NaN in Q, K, V or a bias propagates to the outputs it touches, and only to those. A NaN
+//!   (or ±∞) in `v_j` makes the output of every row that sees key `j` NaN or ±∞ (even where
+//!   its weight rounds to 0: `0 · NaN = NaN`) and leaves every other row untouched — a row
+//!   "sees" `j` when `j` passes its causal, window and key-length ranges and the boolean mask
+//!   (a `−∞` bias gives weight 0 but still counts as seen, as in the reference). So an
+//!   uninitialised KV-cache slot behind a mask or past `kv_lens` never leaks into results.
 //! * ±∞ in Q or K follows IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
 //! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted
 //!   before exponentiating. The fused kernel scales the f32 dot products (by `scale`, then by
@@ -63,6 +66,7 @@
 
 mod error;
 mod fused;
+mod math;
 mod merge;
 mod microkernel;
 mod options;
@@ -72,6 +76,7 @@ mod simd;
 mod tensor;
 
 #[cfg(doctest)]
+#[doc(hidden)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
@@ -102,7 +107,7 @@ pub fn attention(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
-    fused::run(&problem, q, k, v, out, None)
+    fused::run(&problem, q, k, v, out, None, opts.tile_counter)
 }
 
 /// [`attention`] that also writes the log-sum-exp of every row's scores: `lse[(b·H + h)·n_q + i]
@@ -119,5 +124,26 @@ pub fn attention_lse(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
-    fused::run(&problem, q, k, v, out, Some(lse))
+    fused::run(&problem, q, k, v, out, Some(lse), opts.tile_counter)
+}
+
+/// The bytes of scratch memory the fused kernel allocates per worker thread for a call with
+/// these operands and options (`k` and `v` as they would be passed to [`attention`]; the
+/// output's dims follow from them). A call allocates this once per thread of the pool that runs
+/// it (at most once per work unit), plus, for decode shapes split over keys, the partial
+/// results of at most 32 work units. It depends on the head sizes, the GQA group and the
+/// backend, never on the sequence lengths.
+///
+/// # Errors
+/// As [`attention`] for the shapes and options.
+pub fn scratch_bytes_per_thread(
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    opts: &Options<'_>,
+) -> Result<usize, Error> {
+    let [batch, n_q, heads, _] = q.dims();
+    let out_dims = [batch, n_q, heads, v.dims()[3]];
+    let problem = Problem::new(q, k, v, out_dims, None, opts)?;
+    fused::scratch_bytes(&problem, k.strides()[3] != 1)
 }

@@ -28,7 +28,8 @@ pub struct Partial<'a> {
 /// [`Error::NoPartials`] for an empty `parts`; [`Error::ShapeMismatch`] (operand
 /// [`Operand::Partial`]) when a partial's output dims differ from `out`'s;
 /// [`Error::LengthMismatch`] when a partial's `lse` or `lse` itself does not hold
-/// `batch · heads · n_q` values.
+/// `batch · heads · n_q` values; [`Error::OutOfMemory`] if the per-row accumulator
+/// (`d_v` values) cannot be allocated.
 pub fn merge_partials(
     parts: &[Partial<'_>],
     out: &mut TensorMut<'_, f32>,
@@ -68,8 +69,22 @@ pub fn merge_partials(
         }
         check_len(Operand::Partial, part.lse.len())?;
     }
-    let mut weights = vec![0.0f64; parts.len()];
-    let mut acc = vec![0.0f64; d_v];
+    if rows == 0 {
+        return Ok(()); // no row: nothing to merge (d_v may be anything for an empty view)
+    }
+    // A non-empty output view holds at least d_v elements, so these buffers are at most twice
+    // the size of memory the caller already has; still allocated fallibly.
+    let out_of_memory = |n: usize| Error::OutOfMemory {
+        bytes: n.saturating_mul(8),
+    };
+    let mut weights = Vec::new();
+    weights
+        .try_reserve_exact(parts.len())
+        .map_err(|_| out_of_memory(parts.len()))?;
+    weights.resize(parts.len(), 0.0f64);
+    let mut acc = Vec::new();
+    acc.try_reserve_exact(d_v).map_err(|_| out_of_memory(d_v))?;
+    acc.resize(d_v, 0.0f64);
     for b in 0..batch {
         for h in 0..heads {
             for i in 0..n_q {

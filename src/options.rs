@@ -2,17 +2,27 @@
 //! private, so new options never break callers.
 //!
 //! For query row `i` and key `j` of batch `b`, head `h`, the fused kernel and the reference both
-//! compute, in this order (`../shared/NOTES.md` §1):
+//! compute, in this order (the crate docs' "Semantics" and `docs/semantics.md` have the whole
+//! contract):
 //! 1. `s = scale · q_i·k_j`
 //! 2. softcap: `s ← cap · tanh(s / cap)`
-//! 3. ALiBi: `s ← s − slope_h · |i + off − j|`; bias: `s ← s + bias[b, i, h, j]`
+//! 3. ALiBi: `s ← s − slope_h · |i + off − j|`, then bias: `s ← s + bias[b, i, h, j]`
 //! 4. visibility: `s ← −∞` unless the key passes every mask in use (causal, window, key length,
 //!    boolean mask)
 //! 5. `p_ij = exp(s_ij − m_i) / (Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`, the sink term `σ_h` only
 //!    with attention sinks
 //! 6. `out_i = Σ_j p_ij · v_j`, `lse_i = m_i + ln(Σ_j exp(s_ij − m_i) + exp(σ_h − m_i))`
 
+use crate::error::Error;
 use crate::tensor::Tensor;
+
+/// A sliding window: row `i` sees key `j` iff `i + off − left ≤ j ≤ i + off + right`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub left: usize,
+    pub right: usize,
+    pub alignment: Alignment,
+}
 
 /// Where the diagonal of a causal mask, a sliding window or ALiBi sits when `n_q ≠ n_kv`.
 ///
@@ -24,6 +34,7 @@ use crate::tensor::Tensor;
 /// The two agree when `n_q == n_kv`. There is deliberately no default: top-left causal over a
 /// KV cache silently hides the cache from the new tokens (pytorch#108108).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Alignment {
     /// Row `i` is aligned with key `i`.
     TopLeft,
@@ -47,11 +58,29 @@ impl Alignment {
 /// Every combination runs in the fused kernel; none falls back to a slower path. Options that
 /// borrow data (key lengths, bias, mask, slopes, sinks) tie the options to that data's
 /// lifetime `'a`. Values are checked when the call runs, which returns a typed
-/// [`Error`](crate::Error) for anything invalid.
+/// [`Error`](crate::Error) for anything invalid, before anything is written.
+///
+/// # Errors
+/// Every entry point that takes options ([`attention`](crate::attention),
+/// [`attention_lse`](crate::attention_lse), the [`reference`](crate::reference) functions)
+/// returns, for invalid options:
+/// * [`Error::InvalidScale`](crate::Error::InvalidScale): a NaN or infinite scale;
+/// * [`Error::InvalidSoftcap`](crate::Error::InvalidSoftcap): a softcap that is NaN, infinite,
+///   not positive, subnormal (below `f32::MIN_POSITIVE`, where `2/cap` overflows) or so large
+///   that `cap·log₂e` overflows (above ≈ 2.36e38);
+/// * [`Error::LengthMismatch`](crate::Error::LengthMismatch): `kv_lens` without one entry per
+///   batch, ALiBi slopes or sinks without one entry per query head;
+/// * [`Error::InvalidValue`](crate::Error::InvalidValue): `kv_lens[b] > n_kv`; a slope that is
+///   not finite or whose `|slope|·log₂e` overflows (above ≈ 2.36e38); a sink that is NaN, `+∞`,
+///   or finite with `|σ|·log₂e` overflowing (`σ = −∞` disables the sink and is fine);
+/// * [`Error::NotBroadcastable`](crate::Error::NotBroadcastable): a bias or mask whose dims
+///   neither match `[batch, n_q, heads, n_kv]` nor are 1;
+/// * [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment): causal, window and
+///   ALiBi given different alignments.
 ///
 /// ```
 /// use sdpa::{Alignment, Options};
-/// let slopes = sdpa::alibi_slopes(8);
+/// let slopes = sdpa::alibi_slopes(8)?;
 /// let opts = Options::new()
 ///     .scale(0.125)
 ///     .causal(Alignment::BottomRight)
@@ -59,12 +88,13 @@ impl Alignment {
 ///     .softcap(50.0)
 ///     .alibi(&slopes, Alignment::BottomRight);
 /// assert_eq!(opts.scale_value(), Some(0.125));
+/// # Ok::<(), sdpa::Error>(())
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Options<'a> {
     pub(crate) scale: Option<f32>,
     pub(crate) causal: Option<Alignment>,
-    pub(crate) window: Option<(usize, usize, Alignment)>,
+    pub(crate) window: Option<Window>,
     pub(crate) kv_lens: Option<&'a [usize]>,
     pub(crate) bias: Option<Tensor<'a, f32>>,
     pub(crate) mask: Option<Tensor<'a, bool>>,
@@ -102,7 +132,11 @@ impl<'a> Options<'a> {
     /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an
     /// [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment).
     pub fn sliding_window(mut self, left: usize, right: usize, alignment: Alignment) -> Self {
-        self.window = Some((left, right, alignment));
+        self.window = Some(Window {
+            left,
+            right,
+            alignment,
+        });
         self
     }
 
@@ -131,15 +165,17 @@ impl<'a> Options<'a> {
     }
 
     /// ALiBi (Press et al., 2022): subtract `slope_h · |i + off − j|` from the scores of head
-    /// `h`, with `off` given by the [`Alignment`]. `slopes` has one finite entry per query head;
-    /// [`alibi_slopes`] computes the standard ones.
+    /// `h`, with `off` given by the [`Alignment`]. `slopes` has one finite entry per query head
+    /// (with `|slope|·log₂e` finite); [`alibi_slopes`] computes the standard ones. The
+    /// distance is taken in integers, exact for any position.
     pub fn alibi(mut self, slopes: &'a [f32], alignment: Alignment) -> Self {
         self.alibi = Some((slopes, alignment));
         self
     }
 
     /// Logit soft-capping (Gemma 2): `s ← cap · tanh(s / cap)` on the scaled score, before bias
-    /// and masking. `cap` must be finite and positive.
+    /// and masking. `cap` must be a positive normal f32 with finite `cap·log₂e` (see the
+    /// errors on [`Options`]).
     pub fn softcap(mut self, cap: f32) -> Self {
         self.softcap = Some(cap);
         self
@@ -148,7 +184,8 @@ impl<'a> Options<'a> {
     /// Attention sinks (gpt-oss): one logit `σ_h` per query head that joins the softmax
     /// denominator only, `+ exp(σ_h − m_i)`, as if a key with score `σ_h` and value 0 were
     /// always visible. The LSE output includes it; a row with no visible key then has output 0
-    /// and `lse = σ_h`. `σ_h = −∞` disables the sink of head `h`; NaN is an error.
+    /// and `lse = σ_h`. `σ_h = −∞` disables the sink of head `h`; NaN, `+∞` and finite values
+    /// beyond ±2.36e38 (where `σ·log₂e` overflows) are errors.
     pub fn sinks(mut self, sinks: &'a [f32]) -> Self {
         self.sinks = Some(sinks);
         self
@@ -180,19 +217,26 @@ impl<'a> Options<'a> {
 /// gets `2^(−8(h+1)/n)`. For other head counts, take the slopes of the largest power of two
 /// `n ≤ heads`, then append the even-indexed (0, 2, 4, …) slopes of `2n` until there are `heads`
 /// of them.
-pub fn alibi_slopes(heads: usize) -> Vec<f32> {
-    fn power_of_two(n: usize) -> Vec<f64> {
-        (1..=n)
-            .map(|h| (-8.0 * h as f64 / n as f64).exp2())
-            .collect()
-    }
+///
+/// # Errors
+/// [`Error::OutOfMemory`] when `heads` slopes cannot be allocated.
+pub fn alibi_slopes(heads: usize) -> Result<Vec<f32>, Error> {
+    let mut slopes = Vec::new();
+    slopes
+        .try_reserve_exact(heads)
+        .map_err(|_| Error::OutOfMemory {
+            bytes: heads.saturating_mul(4),
+        })?;
     if heads == 0 {
-        return Vec::new();
+        return Ok(slopes);
     }
+    let slope = |h: usize, n: usize| (-8.0 * h as f64 / n as f64).exp2() as f32;
     let n = 1usize << heads.ilog2();
-    let mut slopes = power_of_two(n);
-    slopes.extend(power_of_two(2 * n).into_iter().step_by(2).take(heads - n));
-    slopes.into_iter().map(|s| s as f32).collect()
+    slopes.extend((1..=n).map(|h| slope(h, n)));
+    // 2n may overflow usize for the largest head counts; the slopes of 2n at odd h are those
+    // of n at h − ½, i.e. 2^(−8(2h−1)/(2n)).
+    slopes.extend((1..=heads - n).map(|h| (-4.0 * (2 * h - 1) as f64 / n as f64).exp2() as f32));
+    Ok(slopes)
 }
 
 #[cfg(test)]
@@ -202,17 +246,22 @@ mod tests {
     #[test]
     fn alibi_slopes_match_the_paper() {
         // n = 8: 1/2, 1/4, …, 1/256.
-        let s8 = alibi_slopes(8);
+        let s8 = alibi_slopes(8).unwrap();
         let want: Vec<f32> = (1..=8).map(|h| 0.5f32.powi(h)).collect();
         assert_eq!(s8, want);
         // n = 12: the 8 above, then slopes 0, 2, 4, 6 of n = 16 (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5).
-        let s12 = alibi_slopes(12);
+        let s12 = alibi_slopes(12).unwrap();
         assert_eq!(&s12[..8], &want[..]);
         for (k, &s) in s12[8..].iter().enumerate() {
             let e = -0.5 - k as f64;
             assert!((f64::from(s) - e.exp2()).abs() < 1e-7, "{k}: {s}");
         }
-        assert_eq!(alibi_slopes(1), vec![2f32.powi(-8)]);
-        assert!(alibi_slopes(0).is_empty());
+        assert_eq!(alibi_slopes(1).unwrap(), vec![2f32.powi(-8)]);
+        assert!(alibi_slopes(0).unwrap().is_empty());
+        // Head counts no memory can hold are an error, not an abort.
+        assert!(matches!(
+            alibi_slopes(usize::MAX),
+            Err(Error::OutOfMemory { .. })
+        ));
     }
 }

@@ -4,7 +4,6 @@
 use crate::error::{Dim, Error, Operand};
 use crate::options::{Alignment, Options};
 use crate::tensor::{offset, Tensor};
-use std::sync::atomic::AtomicU64;
 
 /// A bias or mask view with broadcast dims (size 1) turned into stride 0, indexed
 /// `[b, i, h, j]` for any index inside the problem's `[batch, n_q, heads, n_kv]`.
@@ -88,7 +87,6 @@ pub(crate) struct Problem<'a> {
     pub softcap: Option<f32>,
     /// Sink logit per query head.
     pub sinks: Option<&'a [f32]>,
-    pub tile_counter: Option<&'a AtomicU64>,
 }
 
 impl<'a> Problem<'a> {
@@ -192,7 +190,7 @@ impl<'a> Problem<'a> {
         // One diagonal for causal, window and ALiBi.
         let alignments = [
             opts.causal,
-            opts.window.map(|w| w.2),
+            opts.window.map(|w| w.alignment),
             opts.alibi.map(|a| a.1),
         ];
         let mut alignment: Option<Alignment> = None;
@@ -206,12 +204,12 @@ impl<'a> Problem<'a> {
         // A side wider than any index difference (more than i64::MAX, e.g. usize::MAX or
         // usize::MAX − 1) bounds nothing.
         let bounded = |x: usize| i64::try_from(x).is_ok().then_some(x);
-        let window_right = opts.window.and_then(|(_, r, _)| bounded(r));
+        let window_right = opts.window.and_then(|w| bounded(w.right));
         let right = match (opts.causal, window_right) {
             (Some(_), _) => Some(0),
             (None, r) => r,
         };
-        let left = opts.window.and_then(|(l, _, _)| bounded(l));
+        let left = opts.window.and_then(|w| bounded(w.left));
 
         if let Some(lens) = opts.kv_lens {
             check_len(lens, batch, Operand::KvLens)?;
@@ -245,21 +243,28 @@ impl<'a> Problem<'a> {
                 None => Ok(()),
             }
         };
+        // Values that the kernel turns into log2 units must stay finite there.
+        fn fits_log2(x: f32) -> bool {
+            (x * std::f32::consts::LOG2_E).is_finite()
+        }
         if let Some((slopes, _)) = opts.alibi {
             per_head(
                 slopes,
                 Operand::AlibiSlopes,
-                "slope is not finite",
-                f32::is_finite,
+                "slope is not finite, or |slope|·log2(e) overflows f32",
+                fits_log2,
             )?;
         }
         if let Some(sinks) = opts.sinks {
-            per_head(sinks, Operand::Sinks, "sink logit is NaN or +inf", |x| {
-                x < f32::INFINITY
-            })?;
+            per_head(
+                sinks,
+                Operand::Sinks,
+                "sink logit is NaN or +inf, or finite with |sink|·log2(e) overflowing f32",
+                |x| x == f32::NEG_INFINITY || fits_log2(x),
+            )?;
         }
         if let Some(cap) = opts.softcap {
-            if !(cap.is_finite() && cap > 0.0) {
+            if !(cap >= f32::MIN_POSITIVE && fits_log2(cap)) {
                 return Err(Error::InvalidSoftcap(cap));
             }
         }
@@ -281,7 +286,6 @@ impl<'a> Problem<'a> {
             alibi: opts.alibi.map(|a| a.0),
             softcap: opts.softcap,
             sinks: opts.sinks,
-            tile_counter: opts.tile_counter,
         })
     }
 }

@@ -66,6 +66,11 @@ fn run(
     out: &mut TensorMut<'_, f32>,
     mut lse: Option<&mut [f32]>,
 ) -> Result<(), Error> {
+    // Nothing to compute: no row, or no output element and no LSE (checked before the score
+    // matrix is allocated, which broadcast views can make enormous).
+    if p.batch == 0 || p.heads == 0 || p.n_q == 0 || (p.d_v == 0 && lse.is_none()) {
+        return Ok(());
+    }
     let scale = f64::from(p.scale);
     // The whole score matrix of one (batch, head): broadcast views can make it larger than
     // memory, which must be an error, not an abort.
@@ -249,12 +254,14 @@ pub fn error_bounds(
                 let mut v_max = 0.0f64;
                 let mut s_max = sink;
                 let mut n = 0usize;
-                // (score, its own rounding error) per visible key.
-                let mut scores = Vec::new();
-                for j in 0..p.n_kv {
-                    if !p.is_visible(b, i, j)
-                        || p.mask.as_ref().is_some_and(|m| !m.at([b, i, h, j]))
-                    {
+                // max over visible keys of (a score's own rounding error + 2u·|score|); the
+                // running-max term 2u·|s_max| is the same for every key and added after.
+                let mut worst = 0.0f64;
+                // Only the keys inside the row's causal/window/length range (a window problem
+                // costs O(window), not O(n_kv)); the boolean mask inside it.
+                let (lo, hi) = p.visible_keys(b, i);
+                for j in lo..hi {
+                    if p.mask.as_ref().is_some_and(|m| !m.at([b, i, h, j])) {
                         continue;
                     }
                     let (mut dot, mut abs) = (0.0, 0.0);
@@ -273,29 +280,36 @@ pub fn error_bounds(
                         e += cap * (EXP2_REL + 4.0 * U);
                     }
                     let mut additive = 0.0f64;
+                    // Each additive term is rounded to f32, scaled by log2(e) and added: 3u of
+                    // it. An ALiBi distance of 2²⁴ or more is itself rounded to f32: one more u.
+                    let mut rounding = 3.0 * U;
                     if let Some(slopes) = p.alibi {
-                        additive -= f64::from(slopes[h]) * (i as f64 + off - j as f64).abs();
+                        let dist = (i as f64 + off - j as f64).abs();
+                        additive -= f64::from(slopes[h]) * dist;
+                        if dist >= (1u64 << 24) as f64 {
+                            rounding += U;
+                        }
                     }
                     if let Some(bias) = &p.bias {
                         additive += f64::from(bias.at([b, i, h, j]));
                     }
-                    // Each additive term is rounded to f32, scaled by log2(e) and added: 3u.
-                    e += 3.0 * U * additive.abs();
+                    e += rounding * additive.abs();
                     s += additive;
                     if s == f64::NEG_INFINITY {
                         continue; // a −∞ bias hides the key exactly on both paths
                     }
                     n += 1;
                     s_max = s_max.max(s);
-                    scores.push((s, e));
+                    worst = worst.max(e + 2.0 * U * s.abs());
                     for c in 0..p.d_v {
                         v_max = v_max.max(at(v, [b, j, hk, c]).abs());
                     }
                 }
-                let mut delta = 0.0f64;
-                for (s, e) in scores {
-                    delta = delta.max(e + 2.0 * U * (s.abs() + s_max.abs()));
-                }
+                let mut delta = if n > 0 {
+                    worst + 2.0 * U * s_max.abs()
+                } else {
+                    0.0
+                };
                 if sink > f64::NEG_INFINITY {
                     delta = delta.max(3.0 * U * (sink.abs() + s_max.abs()));
                 }

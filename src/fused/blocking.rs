@@ -9,23 +9,26 @@
 //! key/value head, so each K/V block is read once for the whole group) streamed against key
 //! blocks of `kv_block` keys. Its working set, for `d = d_k = d_v`:
 //!
-//! | buffer           | size (f32)        | d = 64 (kv 192) | d = 128 (kv 168) | where it lives |
+//! | buffer           | size (f32)        | d = 64 (kv 192) | d = 128 (kv 144) | where it lives |
 //! |------------------|-------------------|-----------------|------------------|----------------|
-//! | Qᵀ panels        | rows · d_k        | 24 KiB          | 48 KiB           | L2; one 16-row panel (4–8 KiB) in L1 during a score tile |
-//! | Sᵀ / Pᵀ          | kv_block · rows   | 72 KiB          | 63 KiB           | L2, written then re-read at once |
-//! | V block (packed) | kv_block · d_v    | 48 KiB          | 84 KiB           | L2; one 16-column panel in L1 |
-//! | K block          | kv_block · d_k    | 48 KiB          | 84 KiB           | L2 (read in place from the caller's tensor) |
+//! | Qᵀ panels        | rows · d_k        | 24 KiB          | 48 KiB           | L2; one 32-row panel (8–16 KiB) in L1 during a score tile |
+//! | Sᵀ / Pᵀ          | kv_block · rows   | 72 KiB          | 54 KiB           | L2, written then re-read at once |
+//! | V block (packed) | kv_block · d_v    | 48 KiB          | 72 KiB           | L2; one 32-column panel in L1 |
+//! | K block          | kv_block · d_k    | 48 KiB          | 72 KiB           | L2 (read in place from the caller's tensor) |
 //! | O accumulator    | rows · d_v        | 24 KiB          | 48 KiB           | L2 |
 //!
-//! `kv_block` is the largest multiple of 24 keys whose K, V and Sᵀ columns fit half of a
-//! 512 KiB L2, clamped to 48…192, so everything stays inside L2 (≈ 330 KiB at d = 128, and at
-//! d = 256 `kv_block` drops to 96). The score tile's inner loop touches one Qᵀ panel and 6 K
-//! rows (< 12 KiB at d = 128): L1. Larger blocks amortize the per-block work (the rescale of O
+//! (rows = 96 on both backends.) `kv_block` is the largest multiple of `KV_STEP` = 48 keys
+//! whose K, V and Sᵀ columns fit half of a 512 KiB L2 (`4·(d_k + d_v_pad + rows)` bytes per
+//! key), clamped to 48…192, so everything stays inside L2 (≈ 250 KiB at d = 128; at d = 256
+//! `kv_block` drops to 96). The score tile's inner loop touches one Qᵀ panel and 12 K rows
+//! (< 24 KiB at d = 128): L1. Larger blocks amortize the per-block work (the rescale of O
 //! costs `rows · d_v` loads and stores per block against `rows · d_v · kv_block` FMAs: 0.5% at
 //! 192 keys); larger `rows` amortizes nothing in the inner loops but wastes work on the causal
 //! diagonal. Rows 48/96 × keys 48/96/192 were swept at n = 1024, d = 64 and 128 on the
-//! development machine: 96 × 192 was best or within noise of it for both head sizes.
+//! development machine: 96 rows with this key block was best or within noise of it for both
+//! head sizes. The unit tests below hold the resulting table.
 
+use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::Geometry;
 
@@ -70,37 +73,51 @@ pub(crate) struct Blocking {
 impl Blocking {
     /// Block sizes for `problem` (shape only: never the thread count, so results are identical
     /// whatever the pool).
-    pub fn for_problem(problem: &Problem, geometry: Geometry) -> Self {
+    ///
+    /// # Errors
+    /// [`Error::ScratchTooLarge`] when a head size is so large (possible only with broadcast
+    /// views over small slices) that the per-block sizes overflow `usize`.
+    pub fn for_problem(problem: &Problem, geometry: Geometry) -> Result<Self, Error> {
+        let too_large = Error::ScratchTooLarge { bytes: usize::MAX };
         let group = problem.group();
         let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, problem.n_q.max(1));
-        let d_v_pad = problem.d_v.div_ceil(geometry.lanes) * geometry.lanes;
+        let d_v_pad = problem
+            .d_v
+            .div_ceil(geometry.lanes)
+            .checked_mul(geometry.lanes)
+            .ok_or(too_large.clone())?;
         let panel = 2 * geometry.lanes;
-        let rows_pad = (q_rows * group).div_ceil(panel) * panel;
+        let max_rows = (q_rows * group).div_ceil(panel) * panel;
         // Per key of a block: its K row (read in place), its packed V row and its Sᵀ column.
-        let bytes_per_key = 4 * (problem.d_k + d_v_pad + rows_pad);
+        let bytes_per_key = problem
+            .d_k
+            .checked_add(d_v_pad)
+            .and_then(|x| x.checked_add(max_rows))
+            .and_then(|x| x.checked_mul(4))
+            .ok_or(too_large)?;
         let kv_block =
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK);
         debug_assert_eq!(kv_block % geometry.tile, 0);
-        Blocking {
+        Ok(Blocking {
             q_rows,
             group,
             kv_block,
             d_k: problem.d_k,
             d_v_pad,
             geometry,
-        }
+        })
     }
 
     /// How many key ranges each work item is split into (split-KV, FlashDecoding-style): more
     /// than one only when there are too few (batch, kv head, query block) items to occupy the
     /// threads, as in decode. Shape-only, like everything here; at most `MIN_WORK_UNITS` units
     /// in all, which bounds the partial results' memory by 32 items' accumulators.
-    pub fn kv_splits(&self, problem: &Problem, items: usize) -> usize {
+    pub fn kv_splits(&self, n_kv: usize, items: usize) -> usize {
         if items >= MIN_WORK_UNITS {
             return 1;
         }
         (MIN_WORK_UNITS / items.max(1))
-            .min(problem.n_kv / MIN_KEYS_PER_SPLIT)
+            .min(n_kv / MIN_KEYS_PER_SPLIT)
             .max(1)
     }
 
@@ -114,8 +131,103 @@ impl Blocking {
         2 * self.geometry.lanes
     }
 
-    /// Stacked rows rounded up to whole score panels.
-    pub fn rows_pad(&self) -> usize {
+    /// The most stacked rows an item can have, rounded up to whole score panels: the row
+    /// capacity of the per-worker buffers.
+    pub fn max_panel_rows(&self) -> usize {
         self.rows().div_ceil(self.panel()) * self.panel()
+    }
+}
+
+/// Key range `split` of `splits` equal ranges over `0 .. n_kv` (the last ones may be shorter
+/// or empty). Computed in `u128`, so no length, however large, wraps.
+pub(crate) fn split_range(split: usize, splits: usize, n_kv: usize) -> (usize, usize) {
+    let chunk = n_kv.div_ceil(splits.max(1)) as u128;
+    let at = |s: usize| (s as u128 * chunk).min(n_kv as u128) as usize;
+    (at(split), at(split + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::Options;
+    use crate::tensor::Tensor;
+
+    fn blocking(
+        heads: usize,
+        kv_heads: usize,
+        n_q: usize,
+        d_k: usize,
+        d_v: usize,
+        lanes: usize,
+        tile: usize,
+    ) -> Blocking {
+        let q = vec![0.0f32; 1];
+        let qv = Tensor::new(&q, [1, n_q, heads, d_k], [0; 4]).unwrap();
+        let kv = Tensor::new(&q, [1, 1, kv_heads, d_k], [0; 4]).unwrap();
+        let vv = Tensor::new(&q, [1, 1, kv_heads, d_v], [0; 4]).unwrap();
+        let opts = Options::new();
+        let p = Problem::new(&qv, &kv, &vv, [1, n_q, heads, d_v], None, &opts).unwrap();
+        Blocking::for_problem(&p, Geometry { lanes, tile }).unwrap()
+    }
+
+    /// The cache model's table (module docs), one row per (backend, head sizes, group).
+    #[test]
+    fn block_sizes_follow_the_cache_model() {
+        // (H, H_kv, n_q, d_k, d_v, lanes, tile) → (q_rows, group, kv_block, d_v_pad, max rows)
+        let table = [
+            ((8, 8, 4096, 64, 64, 16, 12), (96, 1, 192, 64, 96)),
+            ((8, 8, 4096, 128, 128, 16, 12), (96, 1, 144, 128, 96)),
+            ((8, 8, 4096, 64, 64, 8, 6), (96, 1, 192, 64, 96)),
+            ((8, 8, 4096, 128, 128, 8, 6), (96, 1, 144, 128, 96)),
+            ((8, 8, 4096, 256, 256, 16, 12), (96, 1, 96, 256, 96)),
+            ((32, 8, 1, 128, 128, 16, 12), (1, 4, 192, 128, 32)),
+            ((32, 8, 4096, 128, 128, 16, 12), (24, 4, 144, 128, 96)),
+            ((12, 4, 100, 80, 40, 8, 6), (32, 3, 192, 40, 96)),
+            ((7, 1, 5, 3, 1, 16, 12), (5, 7, 192, 16, 64)),
+            ((1, 1, 1, 4096, 4096, 16, 12), (1, 1, 48, 4096, 32)),
+        ];
+        for ((h, hkv, n_q, d_k, d_v, lanes, tile), want) in table {
+            let b = blocking(h, hkv, n_q, d_k, d_v, lanes, tile);
+            let got = (b.q_rows, b.group, b.kv_block, b.d_v_pad, b.max_panel_rows());
+            assert_eq!(
+                got, want,
+                "H={h} H_kv={hkv} n_q={n_q} d_k={d_k} d_v={d_v} lanes={lanes}"
+            );
+            assert_eq!(b.kv_block % tile, 0);
+            assert_eq!(b.kv_block % lanes, 0);
+            // The per-block buffers stay inside the L2 budget unless the block is at its floor.
+            let per_key = 4 * (d_k + b.d_v_pad + b.max_panel_rows());
+            assert!(b.kv_block == MIN_KV_BLOCK || b.kv_block * per_key <= L2_BUDGET_BYTES);
+        }
+    }
+
+    #[test]
+    fn key_splits_depend_on_the_shape_only() {
+        let b = blocking(32, 8, 1, 128, 128, 16, 12);
+        assert_eq!(b.kv_splits(32768, 8), 4);
+        assert_eq!(b.kv_splits(32768, 1), 32);
+        assert_eq!(b.kv_splits(2048, 1), 2);
+        assert_eq!(b.kv_splits(1023, 1), 1);
+        assert_eq!(b.kv_splits(1 << 20, 32), 1);
+        assert_eq!(b.kv_splits(0, 0), 1);
+    }
+
+    #[test]
+    fn split_ranges_cover_the_keys_without_wrapping() {
+        for (n_kv, splits) in [(10, 3), (1024, 32), (0, 4), (5, 8)] {
+            let mut next = 0;
+            for s in 0..splits {
+                let (a, b) = split_range(s, splits, n_kv);
+                assert_eq!(a, next.min(n_kv));
+                assert!(a <= b && b <= n_kv);
+                next = b;
+            }
+            assert_eq!(next, n_kv);
+        }
+        // Lengths near usize::MAX (broadcast views): the last range ends at n_kv, not at a
+        // wrapped product.
+        let n = usize::MAX - 3;
+        assert_eq!(split_range(31, 32, n).1, n);
+        assert!(split_range(30, 32, n).0 < split_range(30, 32, n).1);
     }
 }

@@ -1,0 +1,591 @@
+//! One work item of the fused kernel: a block of stacked query rows streamed against its key
+//! blocks with the online softmax (FlashAttention-2's forward loop; the algorithm is in the
+//! crate docs), as a sequence of named stages.
+//!
+//! ```text
+//! pack_queries                 Qᵀ panels, once per item
+//! visible_ranges               each row's visible keys [lo, hi); m = −MAX, l = 0, O = 0
+//! for each key block:
+//!     kv.keys                  K rows, in place or converted          (KvSource)
+//!     load_values              V rows, in place or converted; rows holding NaN/±∞ set aside
+//!     scores                   Sᵀ = K·Qᵀ · scale·log₂e, softcap, ALiBi — panel by panel
+//!     bias_and_masks           + bias; −∞ for keys a row does not see
+//!     softmax_update           m' = max(m, rowmax S); P = 2^(S − m'); l = α·l + ΣP
+//!     output_product           O = α ⊙ O + P·V
+//!     add_non_finite_values    P·v for the set-aside rows, only to the rows that see them
+//! ```
+//!
+//! Scores live in the log2 domain: right after the dot products they are multiplied by `scale`
+//! and `log₂e`, so `exp(s − m)` becomes `2^(s' − m')` and every later step (softcap, ALiBi,
+//! bias, max, exponent) works on `s' = s·log₂e`. The running max `m` starts at `−f32::MAX`
+//! instead of `−∞` and never goes below it, so `s − m` is `−∞` (weight exactly 0) for masked
+//! scores and never `−∞ − (−∞) = NaN`, with no branch.
+
+use super::blocking::Blocking;
+use super::kv::{KeyRange, KvSource, Rows};
+use super::scratch::{Scratch, TileBuffers};
+use crate::microkernel::{output_tile, scores_tile};
+use crate::problem::Problem;
+use crate::simd::{exp2, Simd};
+use crate::tensor::Tensor;
+use std::f32::consts::LOG2_E;
+
+/// What every work item of one call reads.
+pub(crate) struct Ctx<'a, KV> {
+    pub problem: &'a Problem<'a>,
+    pub blocking: Blocking,
+    pub q: Tensor<'a, f32>,
+    pub kv: KV,
+}
+
+/// One work item: `group` query heads (those sharing key/value head `kv_head`) × query rows
+/// `q_start .. q_start + q_len` of batch `batch`, over keys `kv_start .. kv_end`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item {
+    pub batch: usize,
+    pub kv_head: usize,
+    pub q_start: usize,
+    pub q_len: usize,
+    pub kv_start: usize,
+    pub kv_end: usize,
+}
+
+impl Item {
+    /// Stacked rows: `group × q_len`, row `r` is head `kv_head·group + r / q_len`, query
+    /// position `q_start + r % q_len`.
+    pub fn rows(&self, group: usize) -> usize {
+        group * self.q_len
+    }
+
+    /// The (query head, query position) of stacked row `r`.
+    pub fn row_origin(&self, group: usize, r: usize) -> (usize, usize) {
+        (
+            self.kv_head * group + r / self.q_len,
+            self.q_start + r % self.q_len,
+        )
+    }
+}
+
+/// The tile geometry of one item.
+#[derive(Debug, Clone, Copy)]
+struct Tiles {
+    /// Stacked rows of the item.
+    rows: usize,
+    /// Rows rounded up to whole vectors: the leading dimension of Sᵀ (key `j`'s scores at
+    /// `st[j · ld_s ..]`) and the extent of the per-row vectors the softmax reads.
+    ld_s: usize,
+    /// Query/key head size.
+    d_k: usize,
+    /// Value head size, and rounded up to whole vectors (the row length of O and packed V).
+    d_v: usize,
+    d_vp: usize,
+}
+
+/// One key block `j0 .. j1` (absolute key indices).
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    j0: usize,
+    j1: usize,
+}
+
+impl Block {
+    fn len(&self) -> usize {
+        self.j1 - self.j0
+    }
+}
+
+/// Runs one work item: afterwards `scratch.tile.o[r]` holds the unnormalized output of row
+/// `r`, `scratch.tile.l[r]` its sum of weights and `scratch.tile.m[r]` its max score, log2
+/// domain (`l = 0` for a row that saw no key).
+#[inline(always)]
+pub(crate) fn stream_item<S: Simd, KV: KvSource>(
+    s: S,
+    cx: &Ctx<'_, KV>,
+    item: &Item,
+    sc: &mut Scratch,
+) {
+    let bl = &cx.blocking;
+    debug_assert_eq!((S::LANES, S::TILE), (bl.geometry.lanes, bl.geometry.tile));
+    let rows = item.rows(bl.group);
+    let t = Tiles {
+        rows,
+        ld_s: rows.div_ceil(S::LANES) * S::LANES,
+        d_k: cx.problem.d_k,
+        d_v: cx.problem.d_v,
+        d_vp: bl.d_v_pad,
+    };
+    let Scratch { tile, kv, tiles } = sc;
+    pack_queries::<S>(cx, item, &t, &mut tile.qt);
+    let Some((first, last)) = visible_ranges(cx, item, &t, tile) else {
+        return;
+    };
+    let mut j0 = first;
+    while j0 < last {
+        let block = Block {
+            j0,
+            j1: j0 + (last - j0).min(bl.kv_block),
+        };
+        let at = KeyRange {
+            batch: item.batch,
+            kv_head: item.kv_head,
+            j0,
+            len: block.len(),
+        };
+        let keys = cx.kv.keys(at, &mut kv.k);
+        let values = load_values(s, &cx.kv, at, &t, &mut kv.v, &mut kv.non_finite);
+        *tiles += scores(s, cx, item, &t, &block, keys, tile);
+        bias_and_masks(cx, item, &t, &block, tile);
+        softmax_update(s, &t, &block, tile);
+        output_product(s, &t, &block, values, tile);
+        add_non_finite_values(cx, item, &t, at, &kv.non_finite, &mut kv.v_row, tile);
+        j0 = block.j1;
+    }
+}
+
+/// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
+/// is applied to the scores). Padding rows are zero.
+#[inline(always)]
+fn pack_queries<S: Simd>(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt: &mut [f32]) {
+    let nr = 2 * S::LANES;
+    let group = cx.blocking.group;
+    let [qs_b, qs_s, qs_h, qs_d] = cx.q.strides();
+    let q = cx.q.data();
+    qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
+    for r in 0..t.rows {
+        let (h, i) = item.row_origin(group, r);
+        let base = item.batch * qs_b + i * qs_s + h * qs_h;
+        let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
+        for c in 0..t.d_k {
+            panel[c * nr + r % nr] = q[base + c * qs_d];
+        }
+    }
+}
+
+/// Each row's visible keys (causal, window, key length) inside the item's key range, the ALiBi
+/// slopes, and the initial softmax state. Returns the union of the ranges, or `None` when no
+/// row sees any key (the item's rows then stay at `l = 0`).
+fn visible_ranges(
+    cx: &Ctx<'_, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    tile: &mut TileBuffers,
+) -> Option<(usize, usize)> {
+    let p = cx.problem;
+    let group = cx.blocking.group;
+    let mut union = (usize::MAX, 0);
+    for r in 0..t.rows {
+        let (h, i) = item.row_origin(group, r);
+        let (lo, hi) = p.visible_keys(item.batch, i);
+        let (lo, hi) = (lo.max(item.kv_start), hi.min(item.kv_end));
+        let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
+        tile.lo[r] = lo;
+        tile.hi[r] = hi;
+        if lo < hi {
+            union = (union.0.min(lo), union.1.max(hi));
+        }
+        // Validated: |slope · log₂e| is finite.
+        tile.alibi_slope[r] = p.alibi.map_or(0.0, |slopes| slopes[h] * LOG2_E);
+    }
+    tile.alibi_slope[t.rows..t.ld_s].fill(0.0);
+    tile.alibi_dist[..t.ld_s].fill(0.0);
+    tile.m[..t.ld_s].fill(-f32::MAX);
+    tile.l[..t.ld_s].fill(0.0);
+    tile.o[..t.ld_s * t.d_vp].fill(0.0);
+    (union.0 < union.1).then_some(union)
+}
+
+/// The V rows of the block as `d_vp`-wide rows. A row holding NaN or ±∞ must reach only the
+/// query rows that see its key, but the output tile multiplies every row of a tile with every
+/// key of its range (`0 · NaN = NaN`): such rows are listed in `non_finite`, zeroed in a packed
+/// copy, and added back by [`add_non_finite_values`]. The check is one vector pass over the
+/// block (a sum of `v − v`, NaN iff some value is not finite), per-row only when it fires.
+#[inline(always)]
+fn load_values<'s, S: Simd>(
+    s: S,
+    kv: &'s impl KvSource,
+    at: KeyRange,
+    t: &Tiles,
+    buf: &'s mut [f32],
+    non_finite: &mut Vec<usize>,
+) -> Rows<'s> {
+    non_finite.clear();
+    let d_vp = t.d_vp;
+    if t.d_v == 0 {
+        return Rows {
+            data: buf,
+            ld: d_vp,
+        };
+    }
+    match kv.values_in_place(at, d_vp) {
+        Some(rows) => {
+            if all_finite(s, rows, at.len, d_vp) {
+                return rows;
+            }
+            find_non_finite(rows, at.len, t.d_v, non_finite);
+            for j in 0..at.len {
+                buf[j * d_vp..(j + 1) * d_vp].copy_from_slice(rows.row(j, d_vp));
+            }
+        }
+        None => {
+            kv.pack_values(at, d_vp, buf);
+            let rows = Rows {
+                data: buf,
+                ld: d_vp,
+            };
+            if all_finite(s, rows, at.len, d_vp) {
+                return Rows {
+                    data: buf,
+                    ld: d_vp,
+                };
+            }
+            find_non_finite(rows, at.len, t.d_v, non_finite);
+        }
+    }
+    for &j in non_finite.iter() {
+        buf[j * d_vp..(j + 1) * d_vp].fill(0.0);
+    }
+    Rows {
+        data: buf,
+        ld: d_vp,
+    }
+}
+
+/// Lists the rows among the first `len` with a NaN or ±∞ in their first `width` values.
+fn find_non_finite(rows: Rows<'_>, len: usize, width: usize, out: &mut Vec<usize>) {
+    for j in 0..len {
+        if rows.row(j, width).iter().any(|x| !x.is_finite()) {
+            out.push(j);
+        }
+    }
+}
+
+/// Whether the first `len` rows (`width` values each, a multiple of the lanes) are all finite.
+#[inline(always)]
+fn all_finite<S: Simd>(s: S, rows: Rows<'_>, len: usize, width: usize) -> bool {
+    let mut acc = s.splat(0.0);
+    for j in 0..len {
+        for chunk in rows.row(j, width).chunks_exact(S::LANES) {
+            let x = s.load(chunk);
+            acc = s.add(acc, s.sub(x, x));
+        }
+    }
+    let mut lanes = [0.0f32; 16];
+    s.store(&mut lanes[..S::LANES], acc);
+    lanes[..S::LANES].iter().all(|x| *x == 0.0)
+}
+
+/// `Sᵀ = K · Qᵀ` panel by panel, only over the keys some row of the panel sees, then while the
+/// panel is in L1 the element-wise modifiers in the documented order: scale into the log2
+/// domain, softcap, ALiBi. Returns the number of score tiles computed.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn scores<S: Simd>(
+    s: S,
+    cx: &Ctx<'_, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    block: &Block,
+    keys: Rows<'_>,
+    tile: &mut TileBuffers,
+) -> u64 {
+    let p = cx.problem;
+    let (lanes, nr, mr) = (S::LANES, 2 * S::LANES, S::TILE);
+    let ld_s = t.ld_s;
+    if p.alibi.is_some() {
+        // The distance of each row's diagonal to the block's first key, computed exactly in
+        // integers and rounded once (exact below 2²⁴), so positions past 2²⁴ lose nothing.
+        for r in 0..t.rows {
+            let (_, i) = item.row_origin(cx.blocking.group, r);
+            tile.alibi_dist[r] = (i as i128 + p.diag_offset - block.j0 as i128) as f32;
+        }
+    }
+    let k_row = |jj: usize| keys.row(jj, t.d_k);
+    let mut count = 0;
+    for r0 in (0..ld_s).step_by(nr) {
+        let r1 = (r0 + nr).min(ld_s);
+        let real = r0.min(t.rows)..r1.min(t.rows);
+        let Some((plo, phi)) =
+            union_range(&tile.lo[real.clone()], &tile.hi[real], block.j0, block.j1)
+        else {
+            continue;
+        };
+        let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
+        let mut jj = plo;
+        while jj < phi {
+            let n = (phi - jj).min(mr);
+            let out = &mut tile.st[jj * ld_s + r0..];
+            score_keys(s, n, r1 - r0, &k_row, jj, qt, t.d_k, out, ld_s);
+            count += 1;
+            jj += n;
+        }
+        // Scaling after the dot product rather than folding `scale` into Q keeps every
+        // representable scaled score exact: a huge scale times zero dot products is 0, not
+        // ∞ · 0; the two multiplies cannot overflow unless |scale · q·k| itself is beyond f32
+        // (or above 2.3e38 in log2 units).
+        let scale = s.splat(p.scale);
+        let log2e = s.splat(LOG2_E);
+        for r in (r0..r1).step_by(lanes) {
+            let dist = s.load(&tile.alibi_dist[r..]);
+            let slope = s.load(&tile.alibi_slope[r..]);
+            for jj in plo..phi {
+                let x = &mut tile.st[jj * ld_s + r..][..lanes];
+                let mut y = s.mul(s.mul(s.load(x), scale), log2e);
+                if let Some(cap) = p.softcap {
+                    y = softcap(s, y, cap);
+                }
+                if p.alibi.is_some() {
+                    let d = s.abs(s.sub(dist, s.splat(jj as f32)));
+                    y = s.sub(y, s.mul(slope, d));
+                }
+                s.store(x, y);
+            }
+        }
+    }
+    count
+}
+
+/// The caller's bias (in log2 units) on each row's visible keys, then `−∞` for every key the
+/// row does not see: outside its causal/window/key-length range, or hidden by the boolean mask.
+fn bias_and_masks(
+    cx: &Ctx<'_, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    block: &Block,
+    tile: &mut TileBuffers,
+) {
+    let p = cx.problem;
+    let c = block.len();
+    for r in 0..t.rows {
+        let lo = tile.lo[r].clamp(block.j0, block.j1) - block.j0;
+        let hi = tile.hi[r].clamp(block.j0, block.j1) - block.j0;
+        let (lo, hi) = if lo < hi { (lo, hi) } else { (c, c) };
+        if p.bias.is_some() || p.mask.is_some() {
+            let (h, i) = item.row_origin(cx.blocking.group, r);
+            for jj in lo..hi {
+                let at = [item.batch, i, h, block.j0 + jj];
+                let x = &mut tile.st[jj * t.ld_s + r];
+                if let Some(bias) = &p.bias {
+                    *x += bias.at(at) * LOG2_E;
+                }
+                if p.mask.as_ref().is_some_and(|m| !m.at(at)) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        for jj in (0..lo).chain(hi..c) {
+            tile.st[jj * t.ld_s + r] = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// The online softmax over one block, one query row per lane: new running max, rescale factor
+/// `α = 2^(m − m')`, weights `P = 2^(S − m')` in place of the scores, `l ← α·l + ΣP`.
+#[inline(always)]
+fn softmax_update<S: Simd>(s: S, t: &Tiles, block: &Block, tile: &mut TileBuffers) {
+    let c = block.len();
+    for r0 in (0..t.ld_s).step_by(S::LANES) {
+        let mut mx = s.splat(f32::NEG_INFINITY);
+        for jj in 0..c {
+            mx = s.max(mx, s.load(&tile.st[jj * t.ld_s + r0..]));
+        }
+        let m_old = s.load(&tile.m[r0..]);
+        let m_new = s.max(s.splat(-f32::MAX), s.max(m_old, mx));
+        let alpha = exp2(s, s.sub(m_old, m_new));
+        let mut sum = s.splat(0.0);
+        for jj in 0..c {
+            let x = &mut tile.st[jj * t.ld_s + r0..][..S::LANES];
+            let pj = exp2(s, s.sub(s.load(x), m_new));
+            s.store(x, pj);
+            sum = s.add(sum, pj);
+        }
+        let l = s.mul_add(s.load(&tile.l[r0..]), alpha, sum);
+        s.store(&mut tile.l[r0..], l);
+        s.store(&mut tile.m[r0..], m_new);
+        s.store(&mut tile.alpha[r0..], alpha);
+    }
+}
+
+/// `O = α ⊙ O + P · V`, row groups of the tile height over the keys some row of the group
+/// sees. Column panels outside, row groups inside: one V panel (kv_block × 2 vectors: 24 KiB
+/// at 192 keys on AVX-512) stays in L1 while every row group's Pᵀ streams past it, so V is
+/// read from L2 once per block instead of once per row group.
+#[inline(always)]
+fn output_product<S: Simd>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    values: Rows<'_>,
+    tile: &mut TileBuffers,
+) {
+    let (nr, mr) = (2 * S::LANES, S::TILE);
+    for col in (0..t.d_vp).step_by(nr) {
+        let width = (t.d_vp - col).min(nr);
+        for r0 in (0..t.rows).step_by(mr) {
+            let r1 = (r0 + mr).min(t.rows);
+            let Some((glo, ghi)) =
+                union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
+            else {
+                continue;
+            };
+            let pt = &tile.st[glo * t.ld_s + r0..];
+            let v = &values.data[glo * values.ld + col..];
+            let alpha = &tile.alpha[r0..r1];
+            let o = &mut tile.o[r0 * t.d_vp + col..];
+            let c = ghi - glo;
+            output_rows(
+                s,
+                r1 - r0,
+                width,
+                pt,
+                t.ld_s,
+                c,
+                v,
+                values.ld,
+                alpha,
+                o,
+                t.d_vp,
+            );
+        }
+    }
+}
+
+/// Adds `p_ij · v_j` for the value rows [`load_values`] set aside (NaN or ±∞ entries) to the
+/// rows that see key `j` (its causal/window/length range and the boolean mask; a `−∞` bias
+/// leaves the key seen with weight 0, so `0 · NaN` reaches the row, as in the reference).
+fn add_non_finite_values(
+    cx: &Ctx<'_, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    at: KeyRange,
+    non_finite: &[usize],
+    v_row: &mut [f32],
+    tile: &mut TileBuffers,
+) {
+    let p = cx.problem;
+    for &jj in non_finite {
+        let j = at.j0 + jj;
+        let one = KeyRange {
+            j0: j,
+            len: 1,
+            ..at
+        };
+        let v: &[f32] = match cx.kv.values_in_place(one, t.d_vp) {
+            Some(rows) => rows.row(0, t.d_v),
+            None => {
+                cx.kv.pack_values(one, t.d_vp, v_row);
+                &v_row[..t.d_v]
+            }
+        };
+        for r in 0..t.rows {
+            let (h, i) = item.row_origin(cx.blocking.group, r);
+            let in_range = tile.lo[r] <= j && j < tile.hi[r];
+            if !in_range
+                || p.mask
+                    .as_ref()
+                    .is_some_and(|m| !m.at([item.batch, i, h, j]))
+            {
+                continue;
+            }
+            let w = tile.st[jj * t.ld_s + r];
+            for (o, &x) in tile.o[r * t.d_vp..][..t.d_v].iter_mut().zip(v) {
+                *o += w * x;
+            }
+        }
+    }
+}
+
+/// Soft-capping in the log2 domain: for a score `x = s·log₂e`, returns `cap·log₂e·tanh(s/cap)`,
+/// with `tanh(y) = (e^{2y} − 1)/(e^{2y} + 1)` and `e^{2y} = 2^{x·2/cap}`. The clamped `2^x` keeps
+/// it finite for any input (±∞ scores map to ±cap), NaN stays NaN; near 0 the subtraction
+/// costs absolute (not relative) accuracy, ~1e-7 · cap, which the error bound accounts for.
+/// (`2/cap` and `cap·log₂e` are finite: validation requires a normal cap with finite
+/// `cap·log₂e`.)
+#[inline(always)]
+fn softcap<S: Simd>(s: S, x: S::V, cap: f32) -> S::V {
+    let e = exp2(s, s.mul(x, s.splat(2.0 / cap)));
+    let one = s.splat(1.0);
+    let t = s.div(s.sub(e, one), s.add(e, one));
+    s.mul(t, s.splat(cap * LOG2_E))
+}
+
+/// The union `[lo, hi)` of the rows' visible ranges intersected with `[j0, j1)`, relative to
+/// `j0`; `None` if no row sees a key of the block.
+#[inline(always)]
+fn union_range(lo: &[usize], hi: &[usize], j0: usize, j1: usize) -> Option<(usize, usize)> {
+    let mut u = (usize::MAX, 0);
+    for (&l, &h) in lo.iter().zip(hi) {
+        let (l, h) = (l.max(j0), h.min(j1));
+        if l < h {
+            u = (u.0.min(l), u.1.max(h));
+        }
+    }
+    (u.0 < u.1).then(|| (u.0 - j0, u.1 - j0))
+}
+
+/// Scores of `n ≤ TILE` keys starting at block key `jj` against one panel of `width` (one or
+/// two vectors) rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn score_keys<'k, S: Simd>(
+    s: S,
+    n: usize,
+    width: usize,
+    k_row: &impl Fn(usize) -> &'k [f32],
+    jj: usize,
+    qt: &[f32],
+    d: usize,
+    out: &mut [f32],
+    ld: usize,
+) {
+    macro_rules! tiles {
+        ($($keys:literal)*) => {
+            match n {
+                // Heights above the backend's tile never occur; `S::TILE` is a constant, so
+                // their arms compile away.
+                $($keys if $keys <= S::TILE => {
+                    let k: [&[f32]; $keys] = core::array::from_fn(|t| k_row(jj + t));
+                    if width == 2 * S::LANES {
+                        scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld)
+                    } else {
+                        scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld)
+                    }
+                })*
+                _ => unreachable!("score tile of {n} keys"),
+            }
+        };
+    }
+    tiles!(1 2 3 4 5 6 7 8 9 10 11 12)
+}
+
+/// [`output_tile`] for `rows ≤ TILE` rows and `width` (one or two vectors) columns.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn output_rows<S: Simd>(
+    s: S,
+    rows: usize,
+    width: usize,
+    pt: &[f32],
+    ld_p: usize,
+    c: usize,
+    v: &[f32],
+    ld_v: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+    ld_o: usize,
+) {
+    macro_rules! tiles {
+        ($($rows:literal)*) => {
+            match rows {
+                $($rows if $rows <= S::TILE => {
+                    if width == 2 * S::LANES {
+                        output_tile::<S, $rows, 2>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o)
+                    } else {
+                        output_tile::<S, $rows, 1>(s, pt, ld_p, c, v, ld_v, alpha, o, ld_o)
+                    }
+                })*
+                _ => unreachable!("output tile of {rows} rows"),
+            }
+        };
+    }
+    tiles!(1 2 3 4 5 6 7 8 9 10 11 12)
+}

@@ -1,0 +1,150 @@
+//! The end of a work item: combining the partial results of its key ranges (split-KV) and
+//! writing normalized output rows and log-sum-exps. The unsplit path is the one-range case of
+//! the same combine.
+
+use super::item::Item;
+use crate::math::{exp2, log2};
+use crate::tensor::TensorMut;
+use std::f32::consts::{LN_2, LOG2_E};
+
+/// The unnormalized result of one key range for the stacked rows of one item: row `r`'s
+/// accumulator `o[r · d_vp ..][..d_vp]`, max `m[r]` and weight sum `l[r]` (log2 domain).
+#[derive(Clone, Copy)]
+pub(crate) struct Part<'a> {
+    pub o: &'a [f32],
+    pub m: &'a [f32],
+    pub l: &'a [f32],
+}
+
+/// Combines row `r` of `parts` (disjoint key ranges, in key order) into `acc` (`d_vp`
+/// values) and returns its `(m, l)`: `m = max_k m_k`, `l = Σ_k l_k·2^(m_k − m)`,
+/// `acc = Σ_k o_k·2^(m_k − m)`, summed in the order of `parts`, so the result does not depend
+/// on which thread computed which part. With one part every weight is exactly 1: the part
+/// itself.
+fn combine_row(parts: &[Part<'_>], r: usize, d_vp: usize, acc: &mut [f32]) -> (f32, f32) {
+    let top = parts.iter().map(|p| p.m[r]).fold(-f32::MAX, f32::max);
+    acc.fill(0.0);
+    let mut l = 0.0;
+    for p in parts {
+        let w = exp2(p.m[r] - top);
+        l += p.l[r] * w;
+        for (a, &x) in acc.iter_mut().zip(&p.o[r * d_vp..(r + 1) * d_vp]) {
+            *a += x * w;
+        }
+    }
+    (top, l)
+}
+
+/// Combines the parts of `item` and writes each of its rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_item(
+    writer: &RowWriter,
+    item: &Item,
+    group: usize,
+    d_vp: usize,
+    parts: &[Part<'_>],
+    sinks: Option<&[f32]>,
+    acc: &mut [f32],
+) {
+    for r in 0..item.rows(group) {
+        let (m, l) = combine_row(parts, r, d_vp, acc);
+        let (h, i) = item.row_origin(group, r);
+        // SAFETY: row (batch, i, h) belongs to this item alone: items partition (batch, kv
+        // head, query block) and `row_origin` maps rows to distinct (head, position) pairs
+        // inside the item's heads and query block.
+        unsafe { writer.write_row(item.batch, i, h, acc, m, l, sinks.map(|s| s[h])) };
+    }
+}
+
+/// Writes output rows and LSE values from several threads at once.
+///
+/// Holds raw pointers because rows of one output view are written by different rayon workers:
+/// no safe borrow can split a strided view into per-row pieces.
+pub(crate) struct RowWriter {
+    out: *mut f32,
+    dims: [usize; 4],
+    strides: [usize; 4],
+    lse: *mut f32,
+    lse_len: usize,
+}
+
+// SAFETY: the pointers come from `&mut` borrows that outlive the parallel loop, and every
+// element is written by exactly one work item (see `write_row`), so sharing the writer across
+// threads creates no data race.
+unsafe impl Send for RowWriter {}
+// SAFETY: as above.
+unsafe impl Sync for RowWriter {}
+
+impl RowWriter {
+    pub fn new(out: &mut TensorMut<'_, f32>, lse: Option<&mut [f32]>) -> Self {
+        let (data, dims, strides) = out.raw_parts();
+        let (lse, lse_len) = match lse {
+            Some(l) => (l.as_mut_ptr(), l.len()),
+            None => (std::ptr::null_mut(), 0),
+        };
+        RowWriter {
+            out: data.as_mut_ptr(),
+            dims,
+            strides,
+            lse,
+            lse_len,
+        }
+    }
+
+    /// Writes one finished row: `out[b, i, h, ..]` and `lse[b][h][i]` from the row's
+    /// unnormalized accumulator `o`, max `m` and sum `l` (log2 domain), with the attention
+    /// sink `σ` (natural units) joining the denominator:
+    /// `M = max(m, σ·log₂e)`, `L = l·2^(m−M) + 2^(σ·log₂e−M)`, `out = o·2^(m−M) / L`,
+    /// `lse = (M + log₂ L)·ln 2`. A row that saw no key (`l = 0`) gets exactly 0 and `lse = σ`
+    /// (`−∞` without a sink), even if its accumulator caught a NaN through a zero weight.
+    ///
+    /// # Safety
+    /// No other thread may write row `(b, i, h)` concurrently. Indices must be inside the dims;
+    /// then every offset is inside the slices, because `TensorMut` validated the view
+    /// (largest reachable index < len) and that it is injective (distinct rows never share
+    /// an element), and the LSE slice was checked to hold `batch · heads · n_q` values.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_row(
+        &self,
+        b: usize,
+        i: usize,
+        h: usize,
+        o: &[f32],
+        m: f32,
+        l: f32,
+        sink: Option<f32>,
+    ) {
+        let [_, n_q, heads, d_v] = self.dims;
+        debug_assert!(b < self.dims[0] && i < n_q && h < heads && o.len() >= d_v);
+        // Validated: a sink is −∞ or has a finite σ·log₂e.
+        let sink = sink.filter(|&s| s > f32::NEG_INFINITY);
+        let (inv, lse) = if l == 0.0 {
+            (0.0, sink.unwrap_or(f32::NEG_INFINITY))
+        } else if let Some(sigma) = sink {
+            let s2 = sigma * LOG2_E;
+            let top = m.max(s2);
+            let o_scale = exp2(m - top);
+            let total = l * o_scale + exp2(s2 - top);
+            (o_scale / total, (top + log2(total)) * LN_2)
+        } else {
+            (1.0 / l, (m + log2(l)) * LN_2)
+        };
+        // A view with d_v = 0 has no element (its strides may be anything, even overflowing
+        // once multiplied): no offset is formed for it.
+        if d_v > 0 {
+            let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
+            for (x, &ox) in o[..d_v].iter().enumerate() {
+                let value = if l == 0.0 { 0.0 } else { ox * inv };
+                // SAFETY: see the function's contract; the view is non-empty, so this index
+                // is inside its validated span.
+                unsafe { *self.out.add(base + x * self.strides[3]) = value };
+            }
+        }
+        if !self.lse.is_null() {
+            let idx = (b * heads + h) * n_q + i;
+            debug_assert!(idx < self.lse_len);
+            // SAFETY: see the function's contract.
+            unsafe { *self.lse.add(idx) = lse };
+        }
+    }
+}

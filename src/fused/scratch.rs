@@ -1,0 +1,219 @@
+//! Per-worker buffers of the fused kernel and the pool that lends them to rayon jobs.
+//!
+//! Every buffer is sized from the [`Blocking`] (head sizes, GQA group, key block), never from
+//! the sequence lengths, so a call's extra memory is `workers × Scratch::bytes` whatever `n`.
+//! [`Scratch::buffers`] is the one list of what is allocated: [`Scratch::try_new`] allocates
+//! it and [`Scratch::bytes`] adds it up (the memory bench and `scratch_bytes_per_thread` report
+//! that figure).
+
+use super::blocking::Blocking;
+use crate::error::Error;
+use std::sync::Mutex;
+
+/// Buffers of the score and output tiles of one work item.
+pub(crate) struct TileBuffers {
+    /// Qᵀ panels: panel `t` (rows `2L·t ..`, `L` lanes) holds `d_k` steps of `2L` rows.
+    pub qt: Vec<f32>,
+    /// Sᵀ then Pᵀ for one key block: key `j`'s rows at `st[j · ld_s ..]`.
+    pub st: Vec<f32>,
+    /// Output accumulator, `rows × d_v_pad`.
+    pub o: Vec<f32>,
+    /// Running max (log2 domain) per row.
+    pub m: Vec<f32>,
+    /// Running sum of weights per row.
+    pub l: Vec<f32>,
+    /// Rescale factor of the current block per row.
+    pub alpha: Vec<f32>,
+    /// Visible keys `[lo, hi)` per row (causal, window, key length), inside the item's range.
+    pub lo: Vec<usize>,
+    /// See `lo`.
+    pub hi: Vec<usize>,
+    /// ALiBi per row: the distance `i + off − j0` to the block's first key, and
+    /// `slope · log₂e`.
+    pub alibi_dist: Vec<f32>,
+    /// See `alibi_dist`.
+    pub alibi_slope: Vec<f32>,
+}
+
+/// Buffers of the key/value stage: K and V blocks converted or packed by a
+/// [`KvSource`](super::kv::KvSource) when they cannot be read in place.
+pub(crate) struct KvBuffers {
+    /// The K block, `kv_block × d_k` (empty when the source never packs keys).
+    pub k: Vec<f32>,
+    /// The V block, `kv_block × d_v_pad`, zero-padded columns.
+    pub v: Vec<f32>,
+    /// One V row, `d_v_pad`: a value row with NaN or ±∞, added to the rows that see it.
+    pub v_row: Vec<f32>,
+    /// Block-relative keys whose value row holds NaN or ±∞ (capacity `kv_block`).
+    pub non_finite: Vec<usize>,
+}
+
+/// Everything one worker needs to run work items.
+pub(crate) struct Scratch {
+    pub tile: TileBuffers,
+    pub kv: KvBuffers,
+    /// Score tiles computed (for the test hook `Options::count_score_tiles`).
+    pub tiles: u64,
+}
+
+/// One buffer of [`Scratch::buffers`]: its element count and element size.
+struct Buffer {
+    len: Option<usize>,
+    elem: usize,
+}
+
+impl Scratch {
+    /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
+    /// overflows. `pack_k`: the K source converts or packs key rows.
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 13] {
+        let rows = b.max_panel_rows();
+        let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
+        let words = |len: Option<usize>| Buffer {
+            len,
+            elem: std::mem::size_of::<usize>(),
+        };
+        [
+            f32s(rows.checked_mul(b.d_k)),      // qt
+            f32s(b.kv_block.checked_mul(rows)), // st
+            f32s(rows.checked_mul(b.d_v_pad)),  // o
+            f32s(Some(rows)),                   // m
+            f32s(Some(rows)),                   // l
+            f32s(Some(rows)),                   // alpha
+            words(Some(rows)),                  // lo
+            words(Some(rows)),                  // hi
+            f32s(Some(rows)),                   // alibi_dist
+            f32s(Some(rows)),                   // alibi_slope
+            f32s(if pack_k {
+                b.kv_block.checked_mul(b.d_k)
+            } else {
+                Some(0)
+            }), // k
+            f32s(b.kv_block.checked_mul(b.d_v_pad)), // v
+            f32s(Some(b.d_v_pad)),              // v_row (+ non_finite below)
+        ]
+    }
+
+    /// Bytes one scratch takes (saturating at `usize::MAX`).
+    pub fn bytes(b: &Blocking, pack_k: bool) -> usize {
+        let list = Self::buffers(b, pack_k);
+        let non_finite = b.kv_block.saturating_mul(std::mem::size_of::<usize>());
+        list.iter().fold(non_finite, |acc, buf| {
+            acc.saturating_add(buf.len.map_or(usize::MAX, |n| n.saturating_mul(buf.elem)))
+        })
+    }
+
+    /// Allocates the buffers of [`Scratch::buffers`] (zeroed), or `None` if they cannot be
+    /// allocated (a broadcast view can declare an enormous head size over a tiny slice).
+    pub fn try_new(b: &Blocking, pack_k: bool) -> Option<Self> {
+        fn zeroed<T: Clone + Default>(buf: &Buffer) -> Option<Vec<T>> {
+            let len = buf.len?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(len).ok()?;
+            v.resize(len, T::default());
+            Some(v)
+        }
+        let [qt, st, o, m, l, alpha, lo, hi, alibi_dist, alibi_slope, k, v, v_row] =
+            Self::buffers(b, pack_k);
+        let mut non_finite = Vec::new();
+        non_finite.try_reserve_exact(b.kv_block).ok()?;
+        Some(Scratch {
+            tile: TileBuffers {
+                qt: zeroed(&qt)?,
+                st: zeroed(&st)?,
+                o: zeroed(&o)?,
+                m: zeroed(&m)?,
+                l: zeroed(&l)?,
+                alpha: zeroed(&alpha)?,
+                lo: zeroed(&lo)?,
+                hi: zeroed(&hi)?,
+                alibi_dist: zeroed(&alibi_dist)?,
+                alibi_slope: zeroed(&alibi_slope)?,
+            },
+            kv: KvBuffers {
+                k: zeroed(&k)?,
+                v: zeroed(&v)?,
+                v_row: zeroed(&v_row)?,
+                non_finite,
+            },
+            tiles: 0,
+        })
+    }
+}
+
+/// Scratches of one call, lent to rayon jobs and taken back when they finish.
+///
+/// `for_each_init` runs its init once per rayon *job*, and rayon splits a parallel loop into
+/// many jobs; a fresh `Scratch` per job (hundreds of KiB, zeroed, often a fresh mmap) made two
+/// threads only 1.3× faster than one. All scratches are allocated up front, fallibly, one per
+/// thread that can run at once (at most one per work unit), so running out of memory is an
+/// error before any output is written, and memory stays O(threads × block).
+pub(crate) struct ScratchPool {
+    free: Mutex<Vec<Scratch>>,
+}
+
+/// A scratch on loan from a [`ScratchPool`]; returns to it when dropped.
+pub(crate) struct Loan<'p> {
+    pool: &'p ScratchPool,
+    scratch: Option<Scratch>,
+}
+
+impl ScratchPool {
+    /// A pool of `count` scratches (at least one).
+    ///
+    /// # Errors
+    /// [`Error::ScratchTooLarge`] if they cannot all be allocated.
+    pub fn new(blocking: &Blocking, pack_k: bool, count: usize) -> Result<Self, Error> {
+        let too_large = || Error::ScratchTooLarge {
+            bytes: Scratch::bytes(blocking, pack_k),
+        };
+        let count = count.max(1);
+        let mut free = Vec::new();
+        free.try_reserve_exact(count).map_err(|_| too_large())?;
+        for _ in 0..count {
+            free.push(Scratch::try_new(blocking, pack_k).ok_or_else(too_large)?);
+        }
+        Ok(ScratchPool {
+            free: Mutex::new(free),
+        })
+    }
+
+    /// Lends a scratch. At most as many jobs run at once as the pool has threads, and the pool
+    /// holds one scratch per thread, so one is free; should a job still find none (a thread
+    /// that holds a loan cannot start another job of this loop, but rayon gives no such
+    /// promise in writing), it waits for one to come back rather than allocating mid-call.
+    pub fn take(&self) -> Loan<'_> {
+        loop {
+            let reused = match self.free.lock() {
+                Ok(mut free) => free.pop(),
+                Err(poisoned) => poisoned.into_inner().pop(),
+            };
+            if let Some(scratch) = reused {
+                return Loan {
+                    pool: self,
+                    scratch: Some(scratch),
+                };
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Loan<'_> {
+    /// The scratch.
+    pub fn get(&mut self) -> &mut Scratch {
+        self.scratch
+            .as_mut()
+            .expect("a loan holds its scratch until dropped")
+    }
+}
+
+impl Drop for Loan<'_> {
+    fn drop(&mut self) {
+        if let Some(scratch) = self.scratch.take() {
+            match self.pool.free.lock() {
+                Ok(mut free) => free.push(scratch),
+                Err(poisoned) => poisoned.into_inner().push(scratch),
+            }
+        }
+    }
+}
