@@ -125,3 +125,110 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Both tiles at every height (1 ..= TILE) and width (one or two vectors) on every backend
+    //! this CPU has, against plain f64 sums.
+    use super::*;
+    use crate::simd::Kernel;
+
+    fn value(seed: usize) -> f32 {
+        ((seed as f32) * 0.618_034).fract() * 2.0 - 1.0
+    }
+
+    fn check_scores<S: Simd, const KEYS: usize, const VECS: usize>(s: S) {
+        let (lanes, d) = (S::LANES, 13);
+        let ld = 2 * lanes + 3;
+        let keys: Vec<Vec<f32>> = (0..KEYS)
+            .map(|t| (0..d).map(|p| value(31 * t + p + 1)).collect())
+            .collect();
+        let qt: Vec<f32> = (0..d * 2 * lanes).map(|x| value(x + 1000)).collect();
+        let mut out = vec![f32::NAN; KEYS * ld];
+        let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
+        scores_tile::<S, KEYS, VECS>(s, k, &qt, d, &mut out, ld);
+        for t in 0..KEYS {
+            for r in 0..ld {
+                let got = out[t * ld + r];
+                if r >= VECS * lanes {
+                    assert!(got.is_nan(), "wrote past the tile: key {t} row {r}");
+                    continue;
+                }
+                let want: f64 = (0..d)
+                    .map(|p| f64::from(keys[t][p]) * f64::from(qt[p * 2 * lanes + r]))
+                    .sum();
+                assert!(
+                    (f64::from(got) - want).abs() < 1e-5,
+                    "{KEYS}x{VECS}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    fn check_output<S: Simd, const ROWS: usize, const VECS: usize>(s: S) {
+        let lanes = S::LANES;
+        let width = VECS * lanes;
+        for c in [0, 1, 5, 17] {
+            let (ld_p, ld_v, ld_o) = (ROWS + 2, width + 5, width + 7);
+            let pt: Vec<f32> = (0..c.max(1) * ld_p).map(|x| value(x + 7).abs()).collect();
+            let v: Vec<f32> = (0..c.max(1) * ld_v).map(|x| value(x + 99)).collect();
+            let alpha: Vec<f32> = (0..ROWS).map(|r| 0.5 + r as f32 * 0.125).collect();
+            let o0: Vec<f32> = (0..ROWS * ld_o).map(|x| value(x + 555)).collect();
+            let mut o = o0.clone();
+            output_tile::<S, ROWS, VECS>(s, &pt, ld_p, c, &v, ld_v, &alpha, &mut o, ld_o);
+            for r in 0..ROWS {
+                for x in 0..ld_o {
+                    let got = o[r * ld_o + x];
+                    if x >= width {
+                        assert_eq!(got, o0[r * ld_o + x], "wrote past the tile");
+                        continue;
+                    }
+                    let want = f64::from(alpha[r]) * f64::from(o0[r * ld_o + x])
+                        + (0..c)
+                            .map(|j| f64::from(pt[j * ld_p + r]) * f64::from(v[j * ld_v + x]))
+                            .sum::<f64>();
+                    assert!(
+                        (f64::from(got) - want).abs() < 1e-5,
+                        "{ROWS}x{VECS} c={c}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    struct AllTiles;
+    impl Kernel for AllTiles {
+        type Output = usize;
+        #[inline(always)]
+        fn run<S: Simd>(self, s: S) -> usize {
+            let mut checked = 0;
+            macro_rules! heights {
+                ($($n:literal)*) => {$(
+                    if $n <= S::TILE {
+                        check_scores::<S, $n, 1>(s);
+                        check_scores::<S, $n, 2>(s);
+                        check_output::<S, $n, 1>(s);
+                        check_output::<S, $n, 2>(s);
+                        checked += 1;
+                    }
+                )*};
+            }
+            heights!(1 2 3 4 5 6 7 8 9 10 11 12);
+            checked
+        }
+    }
+
+    #[test]
+    fn tiles_of_every_size_on_every_backend() {
+        assert_eq!(AllTiles.run(crate::simd::Portable), 6);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(s) = crate::simd::Avx2Fma::detect() {
+                assert_eq!(crate::simd::avx2::run(s, AllTiles), 6);
+            }
+            if let Some(s) = crate::simd::Avx512::detect() {
+                assert_eq!(crate::simd::avx512::run(s, AllTiles), 12);
+            }
+        }
+    }
+}

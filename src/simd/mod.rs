@@ -13,9 +13,9 @@
 //! (honoured where the CPU supports it) so that tests reach every backend on one machine.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]

@@ -4,8 +4,8 @@ use super::Simd;
 use wide::{f32x8, i32x8};
 
 /// The always-available backend. Fast only where the build itself enables wide vectors (for
-/// instance `-C target-cpu=native`); the kernels use [`super::Avx2Fma`] at run time instead
-/// where the CPU has it.
+/// instance `-C target-cpu=native`, or NEON on aarch64); on x86-64 the kernels use
+/// [`super::Avx512`] or [`super::Avx2Fma`] at run time instead where the CPU has them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Portable;
 
