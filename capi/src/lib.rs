@@ -1,0 +1,1027 @@
+//! # sdpa-capi: the C ABI of sdpa
+//!
+//! `sdpa_attention`, `sdpa_reference_attention`, `sdpa_merge_partials` and helpers for C and
+//! C++ callers, built as a `cdylib` and a `staticlib`; the header `include/sdpa.h` is generated
+//! from this file by cbindgen (a test fails when the committed header is stale).
+//!
+//! ## Contract
+//! * Tensors are described by [`SdpaTensor`] / [`SdpaTensorMut`]: a data pointer, logical dims
+//!   `[batch, seq, heads, dim]` and **element** strides (not bytes: divide ggml's `nb[i]` by the
+//!   element size). Any strides work, including 0 (broadcast, read-only tensors only),
+//!   padded and permuted layouts.
+//! * Every call validates everything it can before touching memory: null pointers, struct sizes,
+//!   element types, alignment, and the number of elements each tensor reaches, computed from its
+//!   dims and strides with checked arithmetic. The caller guarantees that each pointer is
+//!   valid for that many elements and that the outputs do not overlap the inputs (overlaps the
+//!   library can see are rejected with `SDPA_STATUS_ALIASED_BUFFERS`).
+//! * Errors: every call returns an [`SdpaStatus`]; on failure `sdpa_last_error_message()` gives
+//!   the text of the Rust error's `Display` (thread local). Panics never cross the boundary.
+//! * Threads: see [`sdpa_set_num_threads`].
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sdpa::{Alignment, Operand, Options, Partial, Tensor, TensorMut};
+
+/// Version of this ABI. It changes only when an existing struct or function changes
+/// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
+/// caller knows.
+pub const SDPA_ABI_VERSION: u32 = 1;
+
+/// Element type `float` (IEEE binary32): the only one implemented today.
+pub const SDPA_DTYPE_F32: u32 = 0;
+/// Element type IEEE binary16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa
+/// has half-precision kernels).
+pub const SDPA_DTYPE_F16: u32 = 1;
+/// Element type bfloat16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa has
+/// half-precision kernels).
+pub const SDPA_DTYPE_BF16: u32 = 2;
+
+/// Alignment field value: the option is off (no causal mask, no window, no ALiBi).
+pub const SDPA_ALIGN_NONE: u32 = 0;
+/// Query row `i` is aligned with key `i` (PyTorch's `is_causal`).
+pub const SDPA_ALIGN_TOP_LEFT: u32 = 1;
+/// Query row `i` is aligned with key `i + n_kv − n_q` (FlashAttention-2; what a KV-cache
+/// decode step needs: the last query row sees every key).
+pub const SDPA_ALIGN_BOTTOM_RIGHT: u32 = 2;
+
+/// The result of every call. `SDPA_STATUS_OK` is 0; the others name what was wrong, and
+/// `sdpa_last_error_message()` says it in words.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SdpaStatus {
+    /// Success.
+    Ok = 0,
+    /// A required pointer (a struct, a tensor's data, an option's array) is NULL.
+    NullPointer = 1,
+    /// A struct's `size` field is smaller than its first version or larger than this library
+    /// knows.
+    InvalidStructSize = 2,
+    /// The element type is not implemented (f16 and bf16 today).
+    UnsupportedType = 3,
+    /// A data pointer is not aligned to its element type.
+    Misaligned = 4,
+    /// An output overlaps an input or another output.
+    AliasedBuffers = 5,
+    /// An enum-like field (alignment) has a value outside its constants.
+    InvalidArgument = 6,
+    /// Dims and strides reach past the address space (`LayoutOverflow` in Rust).
+    LayoutOverflow = 7,
+    /// A buffer is shorter than its view needs (`SliceTooShort`).
+    SliceTooShort = 8,
+    /// Two logical indices of an output share one element (`OverlappingOutput`).
+    OverlappingOutput = 9,
+    /// A dimension of one tensor does not match the others (`ShapeMismatch`).
+    ShapeMismatch = 10,
+    /// Query heads are not a positive multiple of key/value heads (`HeadsNotDivisible`).
+    HeadsNotDivisible = 11,
+    /// Head size 0 for queries and keys (`ZeroHeadDim`).
+    ZeroHeadDim = 12,
+    /// An array has the wrong number of elements (`LengthMismatch`).
+    LengthMismatch = 13,
+    /// The scale is NaN or infinite (`InvalidScale`).
+    InvalidScale = 14,
+    /// The softcap is not finite and positive (`InvalidSoftcap`).
+    InvalidSoftcap = 15,
+    /// A value in kv_lens, slopes or sinks is out of range (`InvalidValue`).
+    InvalidValue = 16,
+    /// A bias or mask does not broadcast to the scores (`NotBroadcastable`).
+    NotBroadcastable = 17,
+    /// Merge was given no partial results (`NoPartials`).
+    NoPartials = 18,
+    /// Causal, window and ALiBi use different alignments (`ConflictingAlignment`).
+    ConflictingAlignment = 19,
+    /// The reference's score matrix cannot be allocated (`ScoreMatrixTooLarge`).
+    ScoreMatrixTooLarge = 20,
+    /// The fused kernel's per-worker buffers cannot be allocated (`ScratchTooLarge`).
+    ScratchTooLarge = 21,
+    /// Too many rows to allocate per-row data (`TooManyRows`).
+    TooManyRows = 22,
+    /// The thread pool asked for with `sdpa_set_num_threads` could not be created.
+    ThreadPool = 23,
+    /// A Rust error this version of the C API does not know yet (the message says which).
+    Other = 24,
+    /// An internal panic was caught (a bug in sdpa: please report the message).
+    Panic = 25,
+    /// Memory for a temporary buffer (the LSE scratch of a merge, a mask copy) ran out.
+    OutOfMemory = 26,
+}
+
+/// A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
+/// `[b, s, h, d]` is at `data[b·strides[0] + s·strides[1] + h·strides[2] + d·strides[3]]`.
+///
+/// Strides are in elements, not bytes. This descriptor is embedded by value in the versioned
+/// structs and never grows (a new tensor kind would get a new struct).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaTensor {
+    /// First element; NULL only where the field's documentation allows it (meaning "absent").
+    pub data: *const c_void,
+    /// Logical dims `[batch, seq, heads, dim]`.
+    pub dims: [usize; 4],
+    /// Element strides, one per logical dim.
+    pub strides: [usize; 4],
+}
+
+/// A writable strided tensor, as `sdpa_tensor`. Its strides must not map two logical indices
+/// to one element.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaTensorMut {
+    /// First element.
+    pub data: *mut c_void,
+    /// Logical dims `[batch, seq, heads, dim]`.
+    pub dims: [usize; 4],
+    /// Element strides, one per logical dim.
+    pub strides: [usize; 4],
+}
+
+/// The operands of `sdpa_attention` / `sdpa_reference_attention`.
+///
+/// Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
+/// `[B, n_q, H, d_v]`; `H` a multiple of `H_kv` (GQA/MQA without copies).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaAttentionArgs {
+    /// `sizeof(sdpa_attention_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of Q, K, V and out: `SDPA_DTYPE_F32` (others are reserved).
+    pub dtype: u32,
+    /// Queries.
+    pub q: SdpaTensor,
+    /// Keys.
+    pub k: SdpaTensor,
+    /// Values.
+    pub v: SdpaTensor,
+    /// Output.
+    pub out: SdpaTensorMut,
+    /// Optional log-sum-exp output (`float`, natural log), `lse[(b·H + h)·n_q + i]`; NULL for
+    /// none.
+    pub lse: *mut f32,
+    /// Number of floats at `lse`: must be `B·H·n_q` when `lse` is not NULL.
+    pub lse_len: usize,
+}
+
+/// Options of an attention call. All-zero bytes (after setting `size`) mean plain attention
+/// with scale `1/√d_k`; a NULL options pointer means the same.
+///
+/// The formulas of each option are those of the Rust `sdpa::Options`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaOptions {
+    /// `sizeof(sdpa_options)` as the caller compiled it.
+    pub size: usize,
+    /// Nonzero: use `scale` instead of `1/√d_k`.
+    pub has_scale: u32,
+    /// The softmax scale (must be finite).
+    pub scale: f32,
+    /// Causal mask: `SDPA_ALIGN_NONE` (off), `SDPA_ALIGN_TOP_LEFT` or `SDPA_ALIGN_BOTTOM_RIGHT`.
+    pub causal: u32,
+    /// Sliding window: `SDPA_ALIGN_NONE` (off) or the alignment of its diagonal.
+    pub window: u32,
+    /// Keys visible to the left of the diagonal (`SIZE_MAX`: unbounded).
+    pub window_left: usize,
+    /// Keys visible to the right of the diagonal (`SIZE_MAX`: unbounded; 0 with causal).
+    pub window_right: usize,
+    /// Per-sequence key lengths (`size_t`, one per batch), or NULL.
+    pub kv_lens: *const usize,
+    /// Entries at `kv_lens`.
+    pub kv_lens_len: usize,
+    /// Additive `float` bias, logical dims `[B, n_q, H, n_kv]` (each dim may be 1 or have
+    /// stride 0 to broadcast); `bias.data` NULL for none.
+    pub bias: SdpaTensor,
+    /// Boolean mask of bytes (`uint8_t`, nonzero = visible), dims and broadcasting as `bias`;
+    /// `mask.data` NULL for none.
+    pub mask: SdpaTensor,
+    /// ALiBi: `SDPA_ALIGN_NONE` (off) or the alignment of its diagonal.
+    pub alibi: u32,
+    /// One slope per query head (see `sdpa_alibi_slopes`).
+    pub alibi_slopes: *const f32,
+    /// Entries at `alibi_slopes`.
+    pub alibi_slopes_len: usize,
+    /// Nonzero: apply `cap·tanh(s/cap)` with `cap = softcap`.
+    pub has_softcap: u32,
+    /// The softcap (finite, positive).
+    pub softcap: f32,
+    /// Attention-sink logits, one per query head, or NULL.
+    pub sinks: *const f32,
+    /// Entries at `sinks`.
+    pub sinks_len: usize,
+}
+
+/// One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
+/// LSE, as written by `sdpa_attention` with an LSE pointer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaPartial {
+    /// The partial output, `[B, n_q, H, d_v]` floats.
+    pub out: SdpaTensor,
+    /// Its LSE, `B·H·n_q` floats.
+    pub lse: *const f32,
+    /// Entries at `lse`.
+    pub lse_len: usize,
+}
+
+/// The operands of `sdpa_merge_partials`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaMergeArgs {
+    /// `sizeof(sdpa_merge_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of the outputs: `SDPA_DTYPE_F32`.
+    pub dtype: u32,
+    /// The partial results.
+    pub parts: *const SdpaPartial,
+    /// Entries at `parts` (at least 1).
+    pub n_parts: usize,
+    /// The merged output.
+    pub out: SdpaTensorMut,
+    /// The merged LSE (`B·H·n_q` floats), or NULL if not wanted.
+    pub lse: *mut f32,
+    /// Entries at `lse`.
+    pub lse_len: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// A failed call: the status and its message.
+struct Failure {
+    status: SdpaStatus,
+    message: String,
+}
+
+impl Failure {
+    fn new(status: SdpaStatus, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<sdpa::Error> for Failure {
+    fn from(e: sdpa::Error) -> Self {
+        use sdpa::Error as E;
+        let status = match &e {
+            E::LayoutOverflow { .. } => SdpaStatus::LayoutOverflow,
+            E::SliceTooShort { .. } => SdpaStatus::SliceTooShort,
+            E::OverlappingOutput { .. } => SdpaStatus::OverlappingOutput,
+            E::ShapeMismatch { .. } => SdpaStatus::ShapeMismatch,
+            E::HeadsNotDivisible { .. } => SdpaStatus::HeadsNotDivisible,
+            E::ZeroHeadDim => SdpaStatus::ZeroHeadDim,
+            E::LengthMismatch { .. } => SdpaStatus::LengthMismatch,
+            E::InvalidScale(_) => SdpaStatus::InvalidScale,
+            E::InvalidSoftcap(_) => SdpaStatus::InvalidSoftcap,
+            E::InvalidValue { .. } => SdpaStatus::InvalidValue,
+            E::NotBroadcastable { .. } => SdpaStatus::NotBroadcastable,
+            E::NoPartials => SdpaStatus::NoPartials,
+            E::ConflictingAlignment => SdpaStatus::ConflictingAlignment,
+            E::ScoreMatrixTooLarge { .. } => SdpaStatus::ScoreMatrixTooLarge,
+            E::ScratchTooLarge { .. } => SdpaStatus::ScratchTooLarge,
+            E::TooManyRows { .. } => SdpaStatus::TooManyRows,
+            _ => SdpaStatus::Other,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs one entry point: clears the thread's message, catches panics, records failures.
+fn guard(f: impl FnOnce() -> Result<(), Failure>) -> SdpaStatus {
+    let result = catch_unwind(AssertUnwindSafe(f));
+    let failure = match result {
+        Ok(Ok(())) => {
+            set_last_error("");
+            return SdpaStatus::Ok;
+        }
+        Ok(Err(failure)) => failure,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic payload".to_string());
+            Failure::new(SdpaStatus::Panic, format!("internal panic in sdpa: {what}"))
+        }
+    };
+    // Formatting the message cannot panic in practice; stay abort-free regardless.
+    let _ = catch_unwind(AssertUnwindSafe(|| set_last_error(&failure.message)));
+    failure.status
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+/// 0: rayon's global pool; n ≥ 1: a private pool of n threads per calling thread.
+static NUM_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static POOL: RefCell<Option<(usize, rayon::ThreadPool)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` on the pool `sdpa_set_num_threads` selected.
+fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> Result<R, Failure> {
+    let n = NUM_THREADS.load(Ordering::Relaxed);
+    if n == 0 {
+        return Ok(f());
+    }
+    POOL.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(threads, _)| *threads != n) {
+            *slot = None; // free the old pool's threads before spawning new ones
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(|i| format!("sdpa-{i}"))
+                .build()
+                .map_err(|e| {
+                    Failure::new(
+                        SdpaStatus::ThreadPool,
+                        format!("cannot create a pool of {n} threads: {e}"),
+                    )
+                })?;
+            *slot = Some((n, pool));
+        }
+        let (_, pool) = slot.as_ref().expect("pool just set");
+        Ok(pool.install(f))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation of raw inputs
+
+fn operand_name(operand: Operand) -> String {
+    operand.to_string()
+}
+
+/// Elements a view reaches (largest index + 1, 0 if empty), as `sdpa::Tensor::new` computes it.
+fn reach(dims: [usize; 4], strides: [usize; 4]) -> Result<usize, Failure> {
+    if dims.contains(&0) {
+        return Ok(0);
+    }
+    let overflow = || Failure::from(sdpa::Error::LayoutOverflow { dims, strides });
+    let mut last = 0usize;
+    for (&n, &s) in dims.iter().zip(&strides) {
+        let span = (n - 1).checked_mul(s).ok_or_else(overflow)?;
+        last = last.checked_add(span).ok_or_else(overflow)?;
+    }
+    last.checked_add(1).ok_or_else(overflow)
+}
+
+/// A byte range `[start, end)` some call reads or writes, for the overlap check.
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    fn overlaps(self, other: Span) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+}
+
+/// Checks a raw array of `len` elements of `T` and returns its byte span. `what` names it in
+/// messages.
+fn check_array<T>(ptr: *const T, len: usize, what: &str) -> Result<Span, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::new(
+            SdpaStatus::NullPointer,
+            format!("{what}: pointer is NULL"),
+        ));
+    }
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Failure::new(
+            SdpaStatus::Misaligned,
+            format!(
+                "{what}: pointer {ptr:p} is not aligned to {} bytes",
+                std::mem::align_of::<T>()
+            ),
+        ));
+    }
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Failure::new(
+                SdpaStatus::LayoutOverflow,
+                format!("{what}: {len} elements do not fit in the address space"),
+            )
+        })?;
+    let start = ptr as usize;
+    let end = start.checked_add(bytes).ok_or_else(|| {
+        Failure::new(
+            SdpaStatus::LayoutOverflow,
+            format!("{what}: {len} elements from {ptr:p} wrap around the address space"),
+        )
+    })?;
+    Ok(Span { start, end })
+}
+
+/// A validated tensor: its elements as a slice, and the span for overlap checks.
+struct Raw<'a, T> {
+    slice: &'a [T],
+    dims: [usize; 4],
+    strides: [usize; 4],
+    span: Span,
+}
+
+/// # Safety
+/// `t.data`, when it passes the checks, must be valid for reads of the elements the view
+/// reaches, for `'a`.
+unsafe fn raw_tensor<'a, T>(t: &SdpaTensor, what: &str) -> Result<Raw<'a, T>, Failure> {
+    let len = reach(t.dims, t.strides)?;
+    let ptr = t.data as *const T;
+    let span = check_array(ptr, len, what)?;
+    // SAFETY: non-null, aligned, `len · size_of::<T>() ≤ isize::MAX` without wrapping (checked
+    // above); validity for reads is the caller's contract.
+    let slice = unsafe { std::slice::from_raw_parts(ptr, len) };
+    Ok(Raw {
+        slice,
+        dims: t.dims,
+        strides: t.strides,
+        span,
+    })
+}
+
+/// An `f32` input tensor.
+///
+/// # Safety
+/// As [`raw_tensor`].
+unsafe fn input<'a>(t: &SdpaTensor, operand: Operand) -> Result<(Tensor<'a, f32>, Span), Failure> {
+    // SAFETY: forwarded.
+    let raw = unsafe { raw_tensor::<f32>(t, &format!("{} tensor", operand_name(operand))) }?;
+    Ok((Tensor::new(raw.slice, raw.dims, raw.strides)?, raw.span))
+}
+
+/// An `f32` output tensor, checked against the read spans.
+///
+/// # Safety
+/// `t.data` must be valid for reads and writes of the elements the view reaches, for `'a`, and
+/// nothing else may access them meanwhile.
+unsafe fn output<'a>(
+    t: &SdpaTensorMut,
+    reads: &[Span],
+) -> Result<(TensorMut<'a, f32>, Span), Failure> {
+    let len = reach(t.dims, t.strides)?;
+    let ptr = t.data as *mut f32;
+    let span = check_array(ptr.cast_const(), len, "output tensor")?;
+    check_disjoint(span, reads, "output tensor")?;
+    // SAFETY: as in `raw_tensor`; exclusive access is the caller's contract, and the output is
+    // disjoint from every input the call reads (checked above).
+    let slice = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+    Ok((TensorMut::new(slice, t.dims, t.strides)?, span))
+}
+
+/// An optional `f32` output array of `len` elements (NULL: none).
+///
+/// # Safety
+/// `ptr`, if not NULL, must be valid for reads and writes of `len` floats, exclusively.
+unsafe fn output_array<'a>(
+    ptr: *mut f32,
+    len: usize,
+    reads: &[Span],
+    what: &str,
+) -> Result<Option<&'a mut [f32]>, Failure> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    let span = check_array(ptr.cast_const(), len, what)?;
+    check_disjoint(span, reads, what)?;
+    // SAFETY: checked above; validity and exclusivity are the caller's contract.
+    Ok(Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) }))
+}
+
+/// An optional input array of `len` elements (NULL: none).
+///
+/// # Safety
+/// `ptr`, if not NULL, must be valid for reads of `len` elements.
+unsafe fn input_array<'a, T>(
+    ptr: *const T,
+    len: usize,
+    what: &str,
+    spans: &mut Vec<Span>,
+) -> Result<Option<&'a [T]>, Failure> {
+    if ptr.is_null() {
+        return Ok(None);
+    }
+    spans.push(check_array(ptr, len, what)?);
+    // SAFETY: checked above; validity is the caller's contract.
+    Ok(Some(unsafe { std::slice::from_raw_parts(ptr, len) }))
+}
+
+fn check_disjoint(span: Span, others: &[Span], what: &str) -> Result<(), Failure> {
+    if span.start == span.end {
+        return Ok(());
+    }
+    if others.iter().any(|&o| o.start != o.end && span.overlaps(o)) {
+        return Err(Failure::new(
+            SdpaStatus::AliasedBuffers,
+            format!("{what} overlaps an input or another output of the call"),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a versioned struct of which the caller knows `size` bytes (fields past them stay zero,
+/// which every struct here reads as "absent / off").
+///
+/// # Safety
+/// `ptr`, if not NULL, must be valid for reads of `*ptr.size` bytes.
+unsafe fn read_versioned<T: Copy>(
+    ptr: *const T,
+    min_size: usize,
+    what: &str,
+) -> Result<T, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::new(
+            SdpaStatus::NullPointer,
+            format!("{what}: pointer is NULL"),
+        ));
+    }
+    // Every versioned struct starts with `size_t size`; read it alone first.
+    // SAFETY: the caller's struct has at least that field.
+    let size = unsafe { (ptr as *const usize).read_unaligned() };
+    let full = std::mem::size_of::<T>();
+    if size < min_size || size > full {
+        return Err(Failure::new(
+            SdpaStatus::InvalidStructSize,
+            format!(
+                "{what}: size is {size}, expected between {min_size} and {full} (sizeof the struct in this ABI)"
+            ),
+        ));
+    }
+    // SAFETY: all-zero bytes are a valid `T` (integers, floats, raw pointers), and the caller's
+    // struct holds `size` readable bytes.
+    unsafe {
+        let mut value = std::mem::MaybeUninit::<T>::zeroed();
+        std::ptr::copy_nonoverlapping(ptr as *const u8, value.as_mut_ptr() as *mut u8, size);
+        Ok(value.assume_init())
+    }
+}
+
+fn check_dtype(dtype: u32) -> Result<(), Failure> {
+    match dtype {
+        SDPA_DTYPE_F32 => Ok(()),
+        SDPA_DTYPE_F16 | SDPA_DTYPE_BF16 => Err(Failure::new(
+            SdpaStatus::UnsupportedType,
+            format!(
+                "element type {} is not implemented yet: sdpa computes in f32 today",
+                if dtype == SDPA_DTYPE_F16 {
+                    "f16"
+                } else {
+                    "bf16"
+                }
+            ),
+        )),
+        other => Err(Failure::new(
+            SdpaStatus::UnsupportedType,
+            format!("unknown element type {other}"),
+        )),
+    }
+}
+
+fn alignment(value: u32, what: &str) -> Result<Option<Alignment>, Failure> {
+    match value {
+        SDPA_ALIGN_NONE => Ok(None),
+        SDPA_ALIGN_TOP_LEFT => Ok(Some(Alignment::TopLeft)),
+        SDPA_ALIGN_BOTTOM_RIGHT => Ok(Some(Alignment::BottomRight)),
+        other => Err(Failure::new(
+            SdpaStatus::InvalidArgument,
+            format!("{what}: {other} is not an SDPA_ALIGN_* value"),
+        )),
+    }
+}
+
+/// Owned pieces the options borrow: the mask converted to `bool`.
+struct MaskCopy {
+    data: Vec<bool>,
+    dims: [usize; 4],
+    strides: [usize; 4],
+}
+
+/// Copies a byte mask into `bool`s (nonzero = visible), keeping broadcast dims (size 1 or
+/// stride 0) broadcast, so the copy is no larger than the distinct elements the view holds.
+///
+/// # Safety
+/// As [`raw_tensor`].
+unsafe fn copy_mask(t: &SdpaTensor, spans: &mut Vec<Span>) -> Result<MaskCopy, Failure> {
+    // SAFETY: forwarded.
+    let raw = unsafe { raw_tensor::<u8>(t, "mask tensor") }?;
+    spans.push(raw.span);
+    // Validate the view as sdpa would (same errors), then copy it.
+    Tensor::new(raw.slice, raw.dims, raw.strides)?;
+    let kept: [usize; 4] =
+        std::array::from_fn(|i| if raw.strides[i] == 0 { 1 } else { raw.dims[i] });
+    let count = kept.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+    let count = count.ok_or_else(|| {
+        Failure::from(sdpa::Error::LayoutOverflow {
+            dims: raw.dims,
+            strides: raw.strides,
+        })
+    })?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(count).map_err(|_| {
+        Failure::new(
+            SdpaStatus::OutOfMemory,
+            format!("mask tensor: cannot allocate a copy of {count} elements"),
+        )
+    })?;
+    for b in 0..kept[0] {
+        for s in 0..kept[1] {
+            for h in 0..kept[2] {
+                for d in 0..kept[3] {
+                    let at = b * raw.strides[0]
+                        + s * raw.strides[1]
+                        + h * raw.strides[2]
+                        + d * raw.strides[3];
+                    data.push(raw.slice[at] != 0);
+                }
+            }
+        }
+    }
+    // Contiguous strides over the kept dims; broadcast dims get stride 0.
+    let mut strides = [0usize; 4];
+    let mut step = 1usize;
+    for i in (0..4).rev() {
+        strides[i] = if kept[i] == 1 { 0 } else { step };
+        step *= kept[i];
+    }
+    Ok(MaskCopy {
+        data,
+        dims: raw.dims,
+        strides,
+    })
+}
+
+/// Everything an attention call reads, validated and borrowed from the caller.
+struct Inputs<'a> {
+    q: Tensor<'a, f32>,
+    k: Tensor<'a, f32>,
+    v: Tensor<'a, f32>,
+    spans: Vec<Span>,
+    opts: SdpaOptions,
+    kv_lens: Option<&'a [usize]>,
+    bias: Option<Tensor<'a, f32>>,
+    mask: Option<MaskCopy>,
+    slopes: Option<&'a [f32]>,
+    sinks: Option<&'a [f32]>,
+}
+
+/// # Safety
+/// The pointers in `args` and `opts` must be valid as the header documents.
+unsafe fn read_inputs<'a>(
+    args: &SdpaAttentionArgs,
+    opts: *const SdpaOptions,
+) -> Result<Inputs<'a>, Failure> {
+    check_dtype(args.dtype)?;
+    let opts = if opts.is_null() {
+        // SAFETY: all-zero bytes are a valid `SdpaOptions` (plain attention).
+        unsafe { std::mem::zeroed() }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { read_versioned(opts, std::mem::size_of::<SdpaOptions>(), "options") }?
+    };
+    let mut spans = Vec::new();
+    // SAFETY (all blocks below): the caller's contract, forwarded.
+    let (q, s) = unsafe { input(&args.q, Operand::Query) }?;
+    spans.push(s);
+    let (k, s) = unsafe { input(&args.k, Operand::Key) }?;
+    spans.push(s);
+    let (v, s) = unsafe { input(&args.v, Operand::Value) }?;
+    spans.push(s);
+    let kv_lens = unsafe { input_array(opts.kv_lens, opts.kv_lens_len, "kv_lens", &mut spans) }?;
+    let bias = if opts.bias.data.is_null() {
+        None
+    } else {
+        let (b, s) = unsafe { input(&opts.bias, Operand::Bias) }?;
+        spans.push(s);
+        Some(b)
+    };
+    let mask = if opts.mask.data.is_null() {
+        None
+    } else {
+        Some(unsafe { copy_mask(&opts.mask, &mut spans) }?)
+    };
+    let slopes = unsafe {
+        input_array(
+            opts.alibi_slopes,
+            opts.alibi_slopes_len,
+            "alibi slopes",
+            &mut spans,
+        )
+    }?;
+    let sinks = unsafe { input_array(opts.sinks, opts.sinks_len, "sinks", &mut spans) }?;
+    Ok(Inputs {
+        q,
+        k,
+        v,
+        spans,
+        opts,
+        kv_lens,
+        bias,
+        mask,
+        slopes,
+        sinks,
+    })
+}
+
+/// Builds the Rust options from the C struct and the borrowed inputs.
+fn options<'a>(inputs: &'a Inputs<'_>) -> Result<Options<'a>, Failure> {
+    let o = &inputs.opts;
+    let mut opts = Options::new();
+    if o.has_scale != 0 {
+        opts = opts.scale(o.scale);
+    }
+    if let Some(a) = alignment(o.causal, "options.causal")? {
+        opts = opts.causal(a);
+    }
+    if let Some(a) = alignment(o.window, "options.window")? {
+        opts = opts.sliding_window(o.window_left, o.window_right, a);
+    }
+    if let Some(lens) = inputs.kv_lens {
+        opts = opts.kv_lens(lens);
+    }
+    if let Some(bias) = inputs.bias {
+        opts = opts.bias(bias);
+    }
+    if let Some(mask) = &inputs.mask {
+        opts = opts.mask(Tensor::new(&mask.data, mask.dims, mask.strides)?);
+    }
+    match (alignment(o.alibi, "options.alibi")?, inputs.slopes) {
+        (Some(a), Some(slopes)) => opts = opts.alibi(slopes, a),
+        (Some(_), None) => {
+            return Err(Failure::new(
+                SdpaStatus::NullPointer,
+                "alibi slopes: pointer is NULL",
+            ))
+        }
+        (None, _) => {}
+    }
+    if o.has_softcap != 0 {
+        opts = opts.softcap(o.softcap);
+    }
+    if let Some(sinks) = inputs.sinks {
+        opts = opts.sinks(sinks);
+    }
+    Ok(opts)
+}
+
+type AttentionFn = fn(
+    &Tensor<'_, f32>,
+    &Tensor<'_, f32>,
+    &Tensor<'_, f32>,
+    &mut TensorMut<'_, f32>,
+    &mut [f32],
+    &Options<'_>,
+) -> Result<(), sdpa::Error>;
+
+type AttentionNoLseFn = fn(
+    &Tensor<'_, f32>,
+    &Tensor<'_, f32>,
+    &Tensor<'_, f32>,
+    &mut TensorMut<'_, f32>,
+    &Options<'_>,
+) -> Result<(), sdpa::Error>;
+
+/// # Safety
+/// As `sdpa_attention`.
+unsafe fn attention_entry(
+    args: *const SdpaAttentionArgs,
+    opts: *const SdpaOptions,
+    with_lse: AttentionFn,
+    without_lse: AttentionNoLseFn,
+) -> Result<(), Failure> {
+    // SAFETY (all blocks): the caller's contract, forwarded.
+    let args = unsafe {
+        read_versioned(
+            args,
+            std::mem::size_of::<SdpaAttentionArgs>(),
+            "attention args",
+        )
+    }?;
+    let inputs = unsafe { read_inputs(&args, opts) }?;
+    let rust_opts = options(&inputs)?;
+    let (mut out, out_span) = unsafe { output(&args.out, &inputs.spans) }?;
+    let mut reads = inputs.spans.clone();
+    reads.push(out_span);
+    let lse = unsafe { output_array(args.lse, args.lse_len, &reads, "lse") }?;
+    let (q, k, v) = (&inputs.q, &inputs.k, &inputs.v);
+    in_pool(move || match lse {
+        Some(lse) => with_lse(q, k, v, &mut out, lse, &rust_opts),
+        None => without_lse(q, k, v, &mut out, &rust_opts),
+    })??;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+/// Scaled dot-product attention on sdpa's fused kernel: `out = softmax(Q·Kᵀ·scale) · V` with
+/// the options in `opts` (NULL: plain attention), and the LSE when `args->lse` is not NULL.
+///
+/// # Safety
+/// `args` (and `opts` unless NULL) point to structs whose `size` field is set; every non-NULL
+/// data pointer is valid for the elements its dims and strides reach; the outputs are not
+/// accessed by anyone else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_attention(
+    args: *const SdpaAttentionArgs,
+    opts: *const SdpaOptions,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { attention_entry(args, opts, sdpa::attention_lse, sdpa::attention) })
+}
+
+/// The f64 reference of `sdpa_attention`, same arguments and semantics: the plain definition,
+/// step by step, with the whole score matrix in memory (slow; for tests).
+///
+/// # Safety
+/// As `sdpa_attention`.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_reference_attention(
+    args: *const SdpaAttentionArgs,
+    opts: *const SdpaOptions,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe {
+        attention_entry(
+            args,
+            opts,
+            sdpa::reference::attention_lse,
+            sdpa::reference::attention,
+        )
+    })
+}
+
+/// Merges partial results over disjoint key sets (split-KV decode, sequence parallelism) into
+/// the result over their union, using each partial's LSE.
+///
+/// # Safety
+/// `args` points to a struct whose `size` is set; `parts` holds `n_parts` entries whose pointers
+/// are valid as their dims say; the outputs are not accessed by anyone else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_merge_partials(args: *const SdpaMergeArgs) -> SdpaStatus {
+    guard(|| {
+        // SAFETY (all blocks): the caller's contract, forwarded.
+        let args =
+            unsafe { read_versioned(args, std::mem::size_of::<SdpaMergeArgs>(), "merge args") }?;
+        check_dtype(args.dtype)?;
+        let mut spans = Vec::new();
+        let parts_raw =
+            unsafe { input_array(args.parts, args.n_parts, "parts", &mut spans) }?.unwrap_or(&[]);
+        let mut parts = Vec::with_capacity(parts_raw.len());
+        for (i, p) in parts_raw.iter().enumerate() {
+            let (out, s) = unsafe { input(&p.out, Operand::Partial) }?;
+            spans.push(s);
+            let lse =
+                unsafe { input_array(p.lse, p.lse_len, &format!("parts[{i}].lse"), &mut spans) }?
+                    .ok_or_else(|| {
+                    Failure::new(
+                        SdpaStatus::NullPointer,
+                        format!("parts[{i}].lse: pointer is NULL"),
+                    )
+                })?;
+            parts.push(Partial { out, lse });
+        }
+        let (mut out, out_span) = unsafe { output(&args.out, &spans) }?;
+        spans.push(out_span);
+        let lse = unsafe { output_array(args.lse, args.lse_len, &spans, "lse") }?;
+        let mut scratch = Vec::new();
+        let lse = match lse {
+            Some(lse) => lse,
+            None => {
+                let [b, n_q, h, _] = args.out.dims;
+                let rows = b
+                    .checked_mul(h)
+                    .and_then(|x| x.checked_mul(n_q))
+                    .ok_or_else(|| Failure::from(sdpa::Error::TooManyRows { rows: usize::MAX }))?;
+                scratch.try_reserve_exact(rows).map_err(|_| {
+                    Failure::new(
+                        SdpaStatus::OutOfMemory,
+                        format!("cannot allocate the LSE of {rows} rows"),
+                    )
+                })?;
+                scratch.resize(rows, 0.0f32);
+                &mut scratch[..]
+            }
+        };
+        sdpa::merge_partials(&parts, &mut out, lse)?;
+        Ok(())
+    })
+}
+
+/// The standard ALiBi slopes for `heads` heads (Press et al.), written to `out`, which holds
+/// `out_len ≥ heads` floats.
+///
+/// # Safety
+/// `out` is valid for writes of `out_len` floats.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_alibi_slopes(
+    heads: usize,
+    out: *mut f32,
+    out_len: usize,
+) -> SdpaStatus {
+    guard(|| {
+        if out_len < heads {
+            return Err(Failure::from(sdpa::Error::LengthMismatch {
+                operand: Operand::AlibiSlopes,
+                expected: heads,
+                got: out_len,
+            }));
+        }
+        // SAFETY: the caller's contract.
+        let out = unsafe { output_array(out, heads, &[], "alibi slopes") }?.ok_or_else(|| {
+            Failure::new(SdpaStatus::NullPointer, "alibi slopes: pointer is NULL")
+        })?;
+        out.copy_from_slice(&sdpa::alibi_slopes(heads));
+        Ok(())
+    })
+}
+
+/// Threads for the calls that follow, process wide.
+///
+/// * `0` (the default): calls run on rayon's global pool (sized by `RAYON_NUM_THREADS` or the
+///   number of CPUs), shared with the rest of the process.
+/// * `n ≥ 1`: each calling thread runs its calls on a private pool of `n` threads, created on
+///   its first call after the setting changes and freed when the calling thread exits. An
+///   engine that runs its own thread pool sets 1: each of its threads then gets one sdpa
+///   worker of its own, and concurrent calls never wait for each other.
+///
+/// Results are bitwise identical for every setting. Never fails (returns `SDPA_STATUS_OK`);
+/// a pool that cannot be created makes the next call return `SDPA_STATUS_THREAD_POOL`.
+#[no_mangle]
+pub extern "C" fn sdpa_set_num_threads(n: usize) -> SdpaStatus {
+    NUM_THREADS.store(n, Ordering::Relaxed);
+    guard(|| Ok(()))
+}
+
+/// The current `sdpa_set_num_threads` setting (0: the global pool).
+#[no_mangle]
+pub extern "C" fn sdpa_get_num_threads() -> usize {
+    NUM_THREADS.load(Ordering::Relaxed)
+}
+
+/// The message of the last call made on this thread: "" if it succeeded, else the text of the
+/// error (the Rust `Display` of `sdpa::Error` for the errors the Rust API has). Never NULL; valid
+/// until the next sdpa call on this thread.
+#[no_mangle]
+pub extern "C" fn sdpa_last_error_message() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).
+#[no_mangle]
+pub extern "C" fn sdpa_abi_version() -> u32 {
+    SDPA_ABI_VERSION
+}
+
+/// The name of a status as a static string (`"SDPA_STATUS_OK"`, …); "SDPA_STATUS_UNKNOWN" for
+/// values outside the enum.
+#[no_mangle]
+pub extern "C" fn sdpa_status_name(status: i32) -> *const c_char {
+    let name: &'static CStr = match status {
+        0 => c"SDPA_STATUS_OK",
+        1 => c"SDPA_STATUS_NULL_POINTER",
+        2 => c"SDPA_STATUS_INVALID_STRUCT_SIZE",
+        3 => c"SDPA_STATUS_UNSUPPORTED_TYPE",
+        4 => c"SDPA_STATUS_MISALIGNED",
+        5 => c"SDPA_STATUS_ALIASED_BUFFERS",
+        6 => c"SDPA_STATUS_INVALID_ARGUMENT",
+        7 => c"SDPA_STATUS_LAYOUT_OVERFLOW",
+        8 => c"SDPA_STATUS_SLICE_TOO_SHORT",
+        9 => c"SDPA_STATUS_OVERLAPPING_OUTPUT",
+        10 => c"SDPA_STATUS_SHAPE_MISMATCH",
+        11 => c"SDPA_STATUS_HEADS_NOT_DIVISIBLE",
+        12 => c"SDPA_STATUS_ZERO_HEAD_DIM",
+        13 => c"SDPA_STATUS_LENGTH_MISMATCH",
+        14 => c"SDPA_STATUS_INVALID_SCALE",
+        15 => c"SDPA_STATUS_INVALID_SOFTCAP",
+        16 => c"SDPA_STATUS_INVALID_VALUE",
+        17 => c"SDPA_STATUS_NOT_BROADCASTABLE",
+        18 => c"SDPA_STATUS_NO_PARTIALS",
+        19 => c"SDPA_STATUS_CONFLICTING_ALIGNMENT",
+        20 => c"SDPA_STATUS_SCORE_MATRIX_TOO_LARGE",
+        21 => c"SDPA_STATUS_SCRATCH_TOO_LARGE",
+        22 => c"SDPA_STATUS_TOO_MANY_ROWS",
+        23 => c"SDPA_STATUS_THREAD_POOL",
+        24 => c"SDPA_STATUS_OTHER",
+        25 => c"SDPA_STATUS_PANIC",
+        26 => c"SDPA_STATUS_OUT_OF_MEMORY",
+        _ => c"SDPA_STATUS_UNKNOWN",
+    };
+    name.as_ptr()
+}

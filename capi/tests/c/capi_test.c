@@ -1,0 +1,313 @@
+/* End-to-end test of the C API, compiled by the system C compiler (capi/tests/c_program.rs,
+ * .ci/capi). Builds ggml-like strided tensors (a KV cache with spare capacity, V stored
+ * transposed as llama.cpp's non-flash path does, padded and permuted Q), runs GQA causal
+ * attention with LSE, and checks it against a plain double-precision loop written here and
+ * against sdpa's f64 reference called through the C API. Then bad inputs, threads and a merge.
+ * Exit status 0 on success; every failed check prints a line. */
+#include "sdpa.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            failures++;                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                             \
+            fprintf(stderr, __VA_ARGS__);                                                    \
+            fprintf(stderr, "\n");                                                           \
+        }                                                                                    \
+    } while (0)
+
+/* Deterministic pseudo-random floats in [-1, 1). */
+static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
+static float frand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+}
+
+enum { B = 2, NQ = 5, NKV = 13, CAP = 16, H = 8, HKV = 2, D = 32, QPAD = 3 };
+
+static size_t at(const size_t strides[4], size_t b, size_t s, size_t h, size_t d) {
+    return b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3];
+}
+
+int main(void) {
+    CHECK(sdpa_abi_version() == SDPA_ABI_VERSION, "ABI version %u vs header %u",
+          sdpa_abi_version(), (unsigned)SDPA_ABI_VERSION);
+
+    /* Q: stored [b][h][s][d] with each row padded by QPAD floats and 7 spare floats per batch
+     * (a permuted view of a padded buffer). */
+    size_t q_strides[4];
+    q_strides[3] = 1;
+    q_strides[1] = D + QPAD;
+    q_strides[2] = NQ * (D + QPAD);
+    q_strides[0] = H * NQ * (D + QPAD) + 7;
+    size_t q_len = B * q_strides[0];
+    /* K cache: llama.cpp's [n_ctx][n_head_kv][d] per batch with capacity CAP > NKV filled. */
+    size_t k_strides[4] = {CAP * HKV * D, HKV * D, D, 1};
+    size_t k_len = B * k_strides[0];
+    /* V cache transposed (llama.cpp without flash attention): [n_head_kv][d][n_ctx]. */
+    size_t v_strides[4] = {HKV * D * CAP, 1, D * CAP, CAP};
+    size_t v_len = B * v_strides[0];
+    /* out: ggml's [n_tokens][n_head][d], contiguous. */
+    size_t o_strides[4] = {NQ * H * D, H * D, D, 1};
+    size_t o_len = B * o_strides[0];
+
+    float *q = malloc(q_len * sizeof(float));
+    float *k = malloc(k_len * sizeof(float));
+    float *v = malloc(v_len * sizeof(float));
+    float *out = calloc(o_len, sizeof(float));
+    float *out_ref = calloc(o_len, sizeof(float));
+    float *out_1t = calloc(o_len, sizeof(float));
+    float lse[B * H * NQ], lse_ref[B * H * NQ], lse_1t[B * H * NQ];
+    if (!q || !k || !v || !out || !out_ref || !out_1t) {
+        fprintf(stderr, "out of memory\n");
+        return 2;
+    }
+    for (size_t i = 0; i < q_len; i++) q[i] = frand();
+    for (size_t i = 0; i < k_len; i++) k[i] = frand();
+    for (size_t i = 0; i < v_len; i++) v[i] = frand();
+
+    sdpa_attention_args args;
+    memset(&args, 0, sizeof args);
+    args.size = sizeof args;
+    args.dtype = SDPA_DTYPE_F32;
+    args.q.data = q;
+    args.k.data = k;
+    args.v.data = v;
+    args.out.data = out;
+    {
+        size_t qd[4] = {B, NQ, H, D}, kd[4] = {B, NKV, HKV, D}, od[4] = {B, NQ, H, D};
+        memcpy(args.q.dims, qd, sizeof qd);
+        memcpy(args.k.dims, kd, sizeof kd);
+        memcpy(args.v.dims, kd, sizeof kd);
+        memcpy(args.out.dims, od, sizeof od);
+    }
+    memcpy(args.q.strides, q_strides, sizeof q_strides);
+    memcpy(args.k.strides, k_strides, sizeof k_strides);
+    memcpy(args.v.strides, v_strides, sizeof v_strides);
+    memcpy(args.out.strides, o_strides, sizeof o_strides);
+    args.lse = lse;
+    args.lse_len = B * H * NQ;
+
+    sdpa_options opts;
+    memset(&opts, 0, sizeof opts);
+    opts.size = sizeof opts;
+    opts.has_scale = 1;
+    opts.scale = 1.0f / sqrtf((float)D);
+    opts.causal = SDPA_ALIGN_BOTTOM_RIGHT;
+
+    /* 1. GQA causal attention with LSE on the fused kernel. */
+    sdpa_status st = sdpa_attention(&args, &opts);
+    CHECK(st == SDPA_STATUS_OK, "attention: %s: %s", sdpa_status_name(st),
+          sdpa_last_error_message());
+    CHECK(strcmp(sdpa_last_error_message(), "") == 0, "message after success: %s",
+          sdpa_last_error_message());
+
+    /* 2. Against a double-precision loop over the same strided memory. */
+    double max_err = 0.0, max_lse_err = 0.0;
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < H; h++) {
+            size_t hk = h / (H / HKV);
+            for (size_t i = 0; i < NQ; i++) {
+                double s[NKV], m = -INFINITY, sum = 0.0;
+                size_t last = i + (NKV - NQ); /* bottom-right causal: keys 0..=last */
+                for (size_t j = 0; j <= last; j++) {
+                    double dot = 0.0;
+                    for (size_t d = 0; d < D; d++)
+                        dot += (double)q[at(q_strides, b, i, h, d)] *
+                               (double)k[at(k_strides, b, j, hk, d)];
+                    s[j] = dot * (double)opts.scale;
+                    if (s[j] > m) m = s[j];
+                }
+                for (size_t j = 0; j <= last; j++) sum += exp(s[j] - m);
+                for (size_t d = 0; d < D; d++) {
+                    double acc = 0.0;
+                    for (size_t j = 0; j <= last; j++)
+                        acc += exp(s[j] - m) / sum * (double)v[at(v_strides, b, j, hk, d)];
+                    double err = fabs(acc - (double)out[at(o_strides, b, i, h, d)]);
+                    if (err > max_err) max_err = err;
+                }
+                double err = fabs(m + log(sum) - (double)lse[(b * H + h) * NQ + i]);
+                if (err > max_lse_err) max_lse_err = err;
+            }
+        }
+    }
+    CHECK(max_err < 1e-5, "fused vs C loop: max |out error| %g", max_err);
+    CHECK(max_lse_err < 1e-5, "fused vs C loop: max |lse error| %g", max_lse_err);
+
+    /* 3. Against sdpa's f64 reference through the C API. */
+    sdpa_attention_args ref_args = args;
+    ref_args.out.data = out_ref;
+    ref_args.lse = lse_ref;
+    st = sdpa_reference_attention(&ref_args, &opts);
+    CHECK(st == SDPA_STATUS_OK, "reference: %s", sdpa_last_error_message());
+    max_err = 0.0;
+    for (size_t i = 0; i < o_len; i++) {
+        double err = fabs((double)out[i] - (double)out_ref[i]);
+        if (err > max_err) max_err = err;
+    }
+    CHECK(max_err < 1e-5, "fused vs reference: max |out error| %g", max_err);
+    for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
+        CHECK(fabsf(lse[i] - lse_ref[i]) < 1e-5f, "lse[%zu]: %g vs %g", i, lse[i], lse_ref[i]);
+
+    /* 4. One thread per calling thread: bitwise the same result. */
+    CHECK(sdpa_set_num_threads(1) == SDPA_STATUS_OK, "set_num_threads(1)");
+    CHECK(sdpa_get_num_threads() == 1, "get_num_threads");
+    ref_args.out.data = out_1t;
+    ref_args.lse = lse_1t;
+    st = sdpa_attention(&ref_args, &opts);
+    CHECK(st == SDPA_STATUS_OK, "one thread: %s", sdpa_last_error_message());
+    CHECK(memcmp(out, out_1t, o_len * sizeof(float)) == 0, "one thread: different output");
+    CHECK(memcmp(lse, lse_1t, sizeof lse) == 0, "one thread: different lse");
+    sdpa_set_num_threads(0);
+
+    /* 5. Bad inputs: each gives its status and the Rust error's text. */
+    sdpa_attention_args bad = args;
+    bad.q.dims[2] = 3; /* 3 query heads over 2 key/value heads */
+    bad.out.dims[2] = 3;
+    bad.lse_len = B * 3 * NQ;
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_HEADS_NOT_DIVISIBLE, "bad heads: %s", sdpa_status_name(st));
+    CHECK(strcmp(sdpa_last_error_message(),
+                 "query heads (3) must be a positive multiple of key/value heads (2)") == 0,
+          "bad heads message: %s", sdpa_last_error_message());
+
+    bad = args;
+    bad.v.data = NULL;
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_NULL_POINTER, "null V: %s", sdpa_status_name(st));
+    CHECK(strstr(sdpa_last_error_message(), "value tensor") != NULL, "null V message: %s",
+          sdpa_last_error_message());
+
+    bad = args;
+    bad.dtype = SDPA_DTYPE_F16;
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_UNSUPPORTED_TYPE, "f16: %s", sdpa_status_name(st));
+
+    bad = args;
+    bad.size = 8;
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_INVALID_STRUCT_SIZE, "size 8: %s", sdpa_status_name(st));
+
+    bad = args;
+    bad.q.strides[0] = (size_t)-1; /* dims·strides overflow: an error, not a wild read */
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_LAYOUT_OVERFLOW, "overflow: %s", sdpa_status_name(st));
+
+    bad = args;
+    bad.out.data = q; /* writing over the queries */
+    st = sdpa_attention(&bad, &opts);
+    CHECK(st == SDPA_STATUS_ALIASED_BUFFERS, "aliased: %s", sdpa_status_name(st));
+
+    sdpa_options bad_opts = opts;
+    bad_opts.scale = NAN;
+    st = sdpa_attention(&args, &bad_opts);
+    CHECK(st == SDPA_STATUS_INVALID_SCALE, "NaN scale: %s", sdpa_status_name(st));
+    CHECK(strcmp(sdpa_last_error_message(), "scale must be finite, got NaN") == 0,
+          "NaN scale message: %s", sdpa_last_error_message());
+
+    bad_opts = opts;
+    bad_opts.window = SDPA_ALIGN_TOP_LEFT;
+    bad_opts.window_left = 4;
+    st = sdpa_attention(&args, &bad_opts);
+    CHECK(st == SDPA_STATUS_CONFLICTING_ALIGNMENT, "alignments: %s", sdpa_status_name(st));
+
+    /* 6. Split-KV: two halves of the keys (no mask), merged, equal the whole. */
+    {
+        sdpa_options plain;
+        memset(&plain, 0, sizeof plain);
+        plain.size = sizeof plain;
+        float *whole = calloc(o_len, sizeof(float)), *merged = calloc(o_len, sizeof(float));
+        float *p0 = calloc(o_len, sizeof(float)), *p1 = calloc(o_len, sizeof(float));
+        float lw[B * H * NQ], l0[B * H * NQ], l1[B * H * NQ], lm[B * H * NQ];
+        if (!whole || !merged || !p0 || !p1) return 2;
+        sdpa_attention_args a = args;
+        a.out.data = whole;
+        a.lse = lw;
+        CHECK(sdpa_attention(&a, &plain) == SDPA_STATUS_OK, "whole: %s",
+              sdpa_last_error_message());
+        size_t split = 6;
+        a.k.dims[1] = a.v.dims[1] = split;
+        a.out.data = p0;
+        a.lse = l0;
+        CHECK(sdpa_attention(&a, &plain) == SDPA_STATUS_OK, "part 0: %s",
+              sdpa_last_error_message());
+        a.k.data = k + split * k_strides[1];
+        a.v.data = v + split * v_strides[1];
+        a.k.dims[1] = a.v.dims[1] = NKV - split;
+        a.out.data = p1;
+        a.lse = l1;
+        CHECK(sdpa_attention(&a, &plain) == SDPA_STATUS_OK, "part 1: %s",
+              sdpa_last_error_message());
+
+        sdpa_partial parts[2];
+        parts[0].out.data = p0;
+        parts[1].out.data = p1;
+        parts[0].lse = l0;
+        parts[1].lse = l1;
+        for (int p = 0; p < 2; p++) {
+            memcpy(parts[p].out.dims, args.out.dims, sizeof args.out.dims);
+            memcpy(parts[p].out.strides, o_strides, sizeof o_strides);
+            parts[p].lse_len = B * H * NQ;
+        }
+        sdpa_merge_args m;
+        memset(&m, 0, sizeof m);
+        m.size = sizeof m;
+        m.dtype = SDPA_DTYPE_F32;
+        m.parts = parts;
+        m.n_parts = 2;
+        m.out = args.out;
+        m.out.data = merged;
+        m.lse = lm;
+        m.lse_len = B * H * NQ;
+        st = sdpa_merge_partials(&m);
+        CHECK(st == SDPA_STATUS_OK, "merge: %s", sdpa_last_error_message());
+        max_err = 0.0;
+        for (size_t i = 0; i < o_len; i++) {
+            double err = fabs((double)whole[i] - (double)merged[i]);
+            if (err > max_err) max_err = err;
+        }
+        CHECK(max_err < 1e-5, "merged vs whole: %g", max_err);
+        for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
+            CHECK(fabsf(lw[i] - lm[i]) < 1e-5f, "merged lse[%zu]", i);
+        m.n_parts = 0;
+        st = sdpa_merge_partials(&m);
+        CHECK(st == SDPA_STATUS_NO_PARTIALS, "no partials: %s", sdpa_status_name(st));
+        CHECK(strcmp(sdpa_last_error_message(), "merge needs at least one partial result") == 0,
+              "no partials message: %s", sdpa_last_error_message());
+        free(whole);
+        free(merged);
+        free(p0);
+        free(p1);
+    }
+
+    /* 7. ALiBi slopes helper. */
+    {
+        float slopes[8];
+        CHECK(sdpa_alibi_slopes(8, slopes, 8) == SDPA_STATUS_OK, "slopes");
+        CHECK(slopes[0] == 0.5f && slopes[7] == 1.0f / 256.0f, "slopes values %g %g", slopes[0],
+              slopes[7]);
+        CHECK(sdpa_alibi_slopes(8, slopes, 4) == SDPA_STATUS_LENGTH_MISMATCH, "short slopes");
+    }
+
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(out_ref);
+    free(out_1t);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("capi_test: all checks passed\n");
+    return 0;
+}
