@@ -95,7 +95,8 @@ typedef enum sdpa_status {
   SDPA_STATUS_OTHER = 24,
   // An internal panic was caught (a bug in sdpa: please report the message).
   SDPA_STATUS_PANIC = 25,
-  // Memory for a temporary buffer (the LSE scratch of a merge, a mask copy) ran out.
+  // A buffer sized from the arguments cannot be allocated (`OutOfMemory`; also the mask
+  // copy and the LSE scratch of a merge).
   SDPA_STATUS_OUT_OF_MEMORY = 26,
 } sdpa_status;
 

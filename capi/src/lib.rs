@@ -108,7 +108,8 @@ pub enum SdpaStatus {
     Other = 24,
     /// An internal panic was caught (a bug in sdpa: please report the message).
     Panic = 25,
-    /// Memory for a temporary buffer (the LSE scratch of a merge, a mask copy) ran out.
+    /// A buffer sized from the arguments cannot be allocated (`OutOfMemory`; also the mask
+    /// copy and the LSE scratch of a merge).
     OutOfMemory = 26,
 }
 
@@ -285,6 +286,7 @@ impl From<sdpa::Error> for Failure {
             E::ScoreMatrixTooLarge { .. } => SdpaStatus::ScoreMatrixTooLarge,
             E::ScratchTooLarge { .. } => SdpaStatus::ScratchTooLarge,
             E::TooManyRows { .. } => SdpaStatus::TooManyRows,
+            E::OutOfMemory { .. } => SdpaStatus::OutOfMemory,
             _ => SdpaStatus::Other,
         };
         Failure::new(status, e.to_string())
@@ -634,12 +636,8 @@ unsafe fn copy_mask(t: &SdpaTensor, spans: &mut Vec<Span>) -> Result<MaskCopy, F
         })
     })?;
     let mut data = Vec::new();
-    data.try_reserve_exact(count).map_err(|_| {
-        Failure::new(
-            SdpaStatus::OutOfMemory,
-            format!("mask tensor: cannot allocate a copy of {count} elements"),
-        )
-    })?;
+    data.try_reserve_exact(count)
+        .map_err(|_| Failure::from(sdpa::Error::OutOfMemory { bytes: count }))?;
     for b in 0..kept[0] {
         for s in 0..kept[1] {
             for h in 0..kept[2] {
@@ -910,10 +908,9 @@ pub unsafe extern "C" fn sdpa_merge_partials(args: *const SdpaMergeArgs) -> Sdpa
                     .and_then(|x| x.checked_mul(n_q))
                     .ok_or_else(|| Failure::from(sdpa::Error::TooManyRows { rows: usize::MAX }))?;
                 scratch.try_reserve_exact(rows).map_err(|_| {
-                    Failure::new(
-                        SdpaStatus::OutOfMemory,
-                        format!("cannot allocate the LSE of {rows} rows"),
-                    )
+                    Failure::from(sdpa::Error::OutOfMemory {
+                        bytes: rows.saturating_mul(4),
+                    })
                 })?;
                 scratch.resize(rows, 0.0f32);
                 &mut scratch[..]
@@ -947,7 +944,7 @@ pub unsafe extern "C" fn sdpa_alibi_slopes(
         let out = unsafe { output_array(out, heads, &[], "alibi slopes") }?.ok_or_else(|| {
             Failure::new(SdpaStatus::NullPointer, "alibi slopes: pointer is NULL")
         })?;
-        out.copy_from_slice(&sdpa::alibi_slopes(heads));
+        out.copy_from_slice(&sdpa::alibi_slopes(heads)?);
         Ok(())
     })
 }
