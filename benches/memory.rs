@@ -8,7 +8,7 @@
 //! Prints a Markdown table, writes `target/memory/memory.csv` and draws
 //! `target/memory/memory.svg` (log-log, bytes against n). Exits non-zero when the fused kernel's
 //! peak grows with n by more than [`SLACK`], or exceeds what the scratch model
-//! ([`fused_scratch_bytes`]) allows for the pool's threads. Run without `--bench` (as
+//! (`sdpa::scratch_bytes_per_thread`) allows for the pool's threads. Run without `--bench` (as
 //! `cargo test --benches` does) it only checks n ≤ 1024 (reference n ≤ 256), quickly, and
 //! writes its files under `target/memory/quick/` instead.
 //!
@@ -52,63 +52,23 @@ fn peak_during(f: impl FnOnce()) -> usize {
 // ---------------------------------------------------------------------------------------------
 // The model of the fused kernel's extra memory.
 
-/// f32 lanes per vector of the backend this process runs (`src/simd`): the blocking pads rows
-/// and columns to it.
-fn lanes() -> usize {
-    match sdpa::backend() {
-        sdpa::Backend::Avx512 => 16,
-        _ => 8, // AVX2 + FMA, portable `wide::f32x8`
-    }
-}
-
-/// Bytes of one fused-kernel scratch: the buffers `Scratch::new` allocates
-/// (`src/fused/stream.rs`), sized by `Blocking::for_problem` (`src/fused/blocking.rs`). Keep it
-/// in step with those two files. It does not depend on the key length `n_kv` at all, and on
+/// Bytes of one fused-kernel scratch for `[1, n_q, heads, d_k]` queries against `kv_heads`
+/// key/value heads, as the crate itself computes it (`sdpa::scratch_bytes_per_thread`, from the
+/// same buffer list the kernel allocates). It does not depend on the key length at all, and on
 /// `n_q` only while `n_q` is below one query block.
 ///
-/// Blocking, with `lanes` f32 per vector (8, or 16 on AVX-512): `group = H / H_kv` query heads
-/// share a work item; `q_rows = ⌈96 / group⌉` query positions (at most `n_q`);
-/// `rows = q_rows · group` stacked rows, padded to whole score panels of `2·lanes` rows
-/// (`rows_pad`); `d_v_pad` = `d_v` rounded up to `lanes`; `kv_block` keys per block: the largest
-/// multiple of 48 whose K row, packed V row and Sᵀ column (`4·(d_k + d_v_pad + rows_pad)` bytes
-/// per key) fit 256 KiB, clamped to 48 ..= 192 (192 at d = 64 with one head per item).
-///
-/// | buffer                              | elements            | type  |
-/// |-------------------------------------|---------------------|-------|
-/// | qt (Qᵀ panels)                      | rows_pad · d_k      | f32   |
-/// | st (Sᵀ / Pᵀ)                        | kv_block · rows_pad | f32   |
-/// | v (packed V)                        | kv_block · d_v_pad  | f32   |
-/// | o (accumulator)                     | rows_pad · d_v_pad  | f32   |
-/// | m, l, alpha, alibi_pos, alibi_slope | rows_pad each       | f32   |
-/// | lo, hi                              | rows_pad each       | usize |
-/// | k (packed K)                        | none here: only when K's head dimension is strided | f32 |
-///
-/// One scratch lives per concurrently running rayon job, so a call holds at most `threads`
-/// of them (a call keeps a free list of scratches that its jobs take and give back; the list
-/// itself, a `Vec` of a few scratch headers of ~300 B, is left to [`SLACK`]). Calls
-/// with few work items (decode) also hold split-KV partial results; the rows measured here
-/// have enough items (≥ 32, or too few keys to split) not to split.
+/// A call allocates one scratch per thread of its pool (at most one per work unit) before any
+/// work starts; the pool's list of scratches itself, a `Vec` of a few headers, is left to
+/// [`SLACK`]. Calls with few work items (decode) also hold split-KV partial results; the rows
+/// measured here have enough items (≥ 32, or too few keys to split) not to split.
 fn fused_scratch_bytes(heads: usize, kv_heads: usize, n_q: usize, d_k: usize, d_v: usize) -> usize {
-    const TARGET_ROWS: usize = 96; // blocking.rs: TARGET_ROWS
-    const KV_STEP: usize = 48; // blocking.rs: KV_STEP
-    const KV_BUDGET: usize = 256 * 1024; // blocking.rs: L2_BUDGET_BYTES
-    const KV_BLOCK_RANGE: (usize, usize) = (48, 192); // blocking.rs: MIN_KV_BLOCK, MAX_KV_BLOCK
-    let lanes = lanes();
-    let panel = 2 * lanes;
-    let group = heads / kv_heads;
-    let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, n_q.max(1));
-    let rows_pad = (q_rows * group).div_ceil(panel) * panel;
-    let d_v_pad = d_v.div_ceil(lanes) * lanes;
-    let bytes_per_key = size_of::<f32>() * (d_k + d_v_pad + rows_pad);
-    let kv_block =
-        (KV_BUDGET / bytes_per_key / KV_STEP * KV_STEP).clamp(KV_BLOCK_RANGE.0, KV_BLOCK_RANGE.1);
-    let f32s = rows_pad * d_k // qt
-        + kv_block * rows_pad // st
-        + kv_block * d_v_pad // v
-        + rows_pad * d_v_pad // o
-        + 5 * rows_pad; // m, l, alpha, alibi_pos, alibi_slope
-    let usizes = 2 * rows_pad; // lo, hi
-    f32s * size_of::<f32>() + usizes * size_of::<usize>()
+    // Broadcast views of one row each: their head dims are contiguous, like the operands'.
+    let row = vec![0.0f32; d_k.max(d_v)];
+    let view = |dims| Tensor::new(&row, dims, [0, 0, 0, 1]).expect("a broadcast view");
+    let q = view([1, n_q, heads, d_k]);
+    let k = view([1, 1, kv_heads, d_k]);
+    let v = view([1, 1, kv_heads, d_v]);
+    sdpa::scratch_bytes_per_thread(&q, &k, &v, &Options::new()).expect("a valid shape")
 }
 
 /// Allowed difference between two fused peaks of one pool, and above the model's bound: the
@@ -294,8 +254,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         if r.fused_1t > scratch + SLACK {
             problems.push(format!(
-                "fused peak (1 thread) {} B at n = {} is above one scratch, {scratch} B \
-                 (if the scratch changed on purpose, update fused_scratch_bytes)",
+                "fused peak (1 thread) {} B at n = {} is above one scratch, {scratch} B",
                 r.fused_1t, r.n
             ));
         }
@@ -311,7 +270,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     if first.fused_1t + SLACK < scratch {
         eprintln!(
             "memory: note: the 1-thread peak ({} B) is well below the model ({scratch} B): \
-             fused_scratch_bytes may be out of date with src/fused/stream.rs",
+             the kernel allocates less than sdpa::scratch_bytes_per_thread reports",
             first.fused_1t
         );
     }
@@ -337,10 +296,9 @@ fn table(rows: &[Row], threads: usize) -> String {
     let _ = writeln!(
         s,
         "Peak heap of one call beyond Q, K, V and out (B = 1, H = {HEADS}, d = {D}, n_q = n_kv = n; \
-         backend {:?}, {} lanes).\n\
-         Fused model: one scratch = {} ({scratch} B) per live worker; reference model: n²·8 B.\n",
+         backend {:?}).\n\
+         Fused model: one scratch = {} ({scratch} B) per pool thread; reference model: n²·8 B.\n",
         sdpa::backend(),
-        lanes(),
         human(scratch as f64)
     );
     let _ = writeln!(
