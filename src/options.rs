@@ -29,7 +29,18 @@ pub(crate) struct Window {
 /// Query row `i` is aligned with key `i + off`:
 /// * [`Alignment::TopLeft`]: `off = 0`, PyTorch's `is_causal`. Row 0 sees key 0 only.
 /// * [`Alignment::BottomRight`]: `off = n_kv − n_q`, FlashAttention-2's convention and the one a
-///   KV-cache decode step needs: the last query row sees every key.
+///   KV-cache decode step needs: the last query row sees every key. With
+///   [`Options::kv_lens`] the offset is per sequence, `off_b = kv_lens[b] − n_q`: each
+///   sequence's new tokens are the last `n_q` of its own keys, wherever the buffer ends (as
+///   FlashAttention-2's `cache_seqlens`, ONNX Runtime's `seqlens_k` and vLLM align them).
+///
+/// ```text
+/// n_q = 2, buffer n_kv = 6, kv_lens = [3, 6]      keys: 0 1 2 3 4 5
+/// batch 0 (off = 1)                      row 0:  x x . . . .
+///                                        row 1:  x x x . . .
+/// batch 1 (off = 4)                      row 0:  x x x x x .
+///                                        row 1:  x x x x x x
+/// ```
 ///
 /// The two agree when `n_q == n_kv`. There is deliberately no default: top-left causal over a
 /// KV cache silently hides the cache from the new tokens (pytorch#108108).
@@ -38,7 +49,7 @@ pub(crate) struct Window {
 pub enum Alignment {
     /// Row `i` is aligned with key `i`.
     TopLeft,
-    /// Row `i` is aligned with key `i + n_kv − n_q`.
+    /// Row `i` is aligned with key `i + n_kv − n_q` (`i + kv_lens[b] − n_q` with key lengths).
     BottomRight,
 }
 
@@ -142,7 +153,8 @@ impl<'a> Options<'a> {
 
     /// Per-sequence key lengths (padding, a partially filled KV cache): in batch `b`, keys
     /// `j ≥ kv_lens[b]` are invisible. Needs one entry per batch and `kv_lens[b] ≤ n_kv`.
-    /// Key blocks past the length are skipped.
+    /// Key blocks past the length are skipped. Bottom-right alignment then uses each
+    /// sequence's own length: `off_b = kv_lens[b] − n_q` (see [`Alignment`]).
     pub fn kv_lens(mut self, kv_lens: &'a [usize]) -> Self {
         self.kv_lens = Some(kv_lens);
         self

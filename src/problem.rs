@@ -72,8 +72,8 @@ pub(crate) struct Problem<'a> {
     pub d_k: usize,
     pub d_v: usize,
     pub scale: f32,
-    /// Key index aligned with query row 0 (`off`) for the diagonal of causal, window and ALiBi.
-    pub diag_offset: i128,
+    /// The alignment of the diagonal of causal, window and ALiBi (`None`: no diagonal).
+    pub alignment: Option<Alignment>,
     /// Keys visible after the diagonal: row `i` sees `j ≤ i + off + right`. `None`: unbounded.
     pub right: Option<usize>,
     /// Keys visible before the diagonal: row `i` sees `j ≥ i + off − left`. `None`: unbounded.
@@ -100,6 +100,18 @@ impl<'a> Problem<'a> {
         h / self.group()
     }
 
+    /// The key index aligned with query row 0 of batch `b` (`off_b`): 0 top-left, and
+    /// bottom-right the sequence's own key length minus `n_q` (`kv_lens[b] − n_q`, or
+    /// `n_kv − n_q` without key lengths), so a preallocated cache `[B, max_len, …]` with
+    /// per-sequence lengths puts each sequence's new tokens at its own end, as
+    /// FlashAttention-2's `cache_seqlens` does.
+    pub fn diag_offset(&self, b: usize) -> i128 {
+        match self.alignment {
+            Some(Alignment::BottomRight) => self.kv_len(b) as i128 - self.n_q as i128,
+            _ => 0,
+        }
+    }
+
     /// The number of keys of batch `b` (its key length, or `n_kv`).
     pub fn kv_len(&self, b: usize) -> usize {
         self.kv_lens.map_or(self.n_kv, |l| l[b])
@@ -109,7 +121,7 @@ impl<'a> Problem<'a> {
     /// (the literal definition; the reference uses it element by element). The boolean mask
     /// and `−∞` biases are applied separately, per head.
     pub fn is_visible(&self, b: usize, i: usize, j: usize) -> bool {
-        let center = i as i128 + self.diag_offset;
+        let center = i as i128 + self.diag_offset(b);
         let j = j as i128;
         let before_right_edge = self
             .right
@@ -125,7 +137,7 @@ impl<'a> Problem<'a> {
     /// outside it.
     pub fn visible_keys(&self, b: usize, i: usize) -> (usize, usize) {
         let n_kv = self.kv_len(b) as i128;
-        let center = i as i128 + self.diag_offset;
+        let center = i as i128 + self.diag_offset(b);
         let hi = match self.right {
             Some(r) => center.saturating_add(r as i128).saturating_add(1).min(n_kv),
             None => n_kv,
@@ -200,7 +212,6 @@ impl<'a> Problem<'a> {
             }
             alignment = Some(a);
         }
-        let diag_offset = alignment.map_or(0, |a| a.offset(n_q, n_kv));
         // A side wider than any index difference (more than i64::MAX, e.g. usize::MAX or
         // usize::MAX − 1) bounds nothing.
         let bounded = |x: usize| i64::try_from(x).is_ok().then_some(x);
@@ -277,7 +288,7 @@ impl<'a> Problem<'a> {
             d_k,
             d_v,
             scale,
-            diag_offset,
+            alignment,
             right,
             left,
             kv_lens: opts.kv_lens,

@@ -95,7 +95,7 @@ fn run(
                 }
             }
             // 2. Softcap, then the additive terms (ALiBi, bias).
-            let off = p.diag_offset as f64;
+            let off = p.diag_offset(b) as f64;
             for i in 0..p.n_q {
                 for j in 0..p.n_kv {
                     let s = &mut scores[i * p.n_kv + j];
@@ -237,7 +237,6 @@ pub fn error_bounds(
     let d_v = v.dims()[3];
     let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
     let scale = f64::from(p.scale).abs();
-    let off = p.diag_offset as f64;
     let rows = batch
         .checked_mul(heads)
         .and_then(|x| x.checked_mul(n_q))
@@ -247,6 +246,7 @@ pub fn error_bounds(
         .try_reserve_exact(rows)
         .map_err(|_| Error::TooManyRows { rows })?;
     for b in 0..p.batch {
+        let off = p.diag_offset(b) as f64;
         for h in 0..p.heads {
             let hk = p.kv_head(h);
             let sink = p.sinks.map_or(f64::NEG_INFINITY, |s| f64::from(s[h]));

@@ -296,7 +296,7 @@ fn scores<S: Simd>(
         // integers and rounded once (exact below 2²⁴), so positions past 2²⁴ lose nothing.
         for r in 0..t.rows {
             let (_, i) = item.row_origin(cx.blocking.group, r);
-            tile.alibi_dist[r] = (i as i128 + p.diag_offset - block.j0 as i128) as f32;
+            tile.alibi_dist[r] = (i as i128 + p.diag_offset(item.batch) - block.j0 as i128) as f32;
         }
     }
     let k_row = |jj: usize| keys.row(jj, t.d_k);
