@@ -261,3 +261,18 @@ fn errors_carry_sdpa_messages() -> Result<()> {
     assert!(sdpa(&ints, &ints, &ints, None, false, 1.0, 1.0).is_err());
     Ok(())
 }
+
+/// Views that start inside their storage (`narrow` from position 3, as a rolling cache does)
+/// are read at their start offset.
+#[test]
+fn views_with_a_start_offset() -> Result<()> {
+    let (b, s, h, h_kv, d) = (2, 12, 4, 2, 16);
+    let (q, k, v) = projections(b, s, h, h_kv, d, 6)?;
+    let (k, v) = (k.narrow(2, 3, s - 3)?, v.narrow(2, 3, s - 3)?);
+    let q = q.narrow(2, 5, 4)?;
+    assert!(k.layout().start_offset() > 0 && q.layout().start_offset() > 0);
+    let want = unfused(&q, &k, &v, Some(&causal_mask(4, s - 3, None)?))?;
+    let got = sdpa(&q, &k, &v, None, true, 1.0 / (d as f32).sqrt(), 1.0)?;
+    assert!(max_diff(&got, &want)? < TOL);
+    Ok(())
+}
