@@ -59,7 +59,7 @@ impl Problem {
             q: buffer(shape.q_dims(), Layout::BSHD, seed, 2.0),
             k: buffer(shape.k_dims(), k_layout, seed + 1, 1.0),
             v: buffer(shape.v_dims(), Layout::BSHD, seed + 2, 1.0),
-            slopes: sdpa::alibi_slopes(h),
+            slopes: support::alibi_slopes(h).unwrap(),
             sinks: SplitMix::unit_values(h, seed + 3),
             kv_lens: (0..b).map(|i| n_kv - i % (n_kv + 1)).collect(),
         }

@@ -286,9 +286,80 @@ pub struct ApiCase {
     pub views: [ViewSpec; 4],
     /// Length of the LSE slice for `attention_lse`, relative to `B · H · n_q`.
     pub lse: LenSpec,
-    /// Options (last, so new options append).
+    /// Options (new options append to [`OptSpec`]).
     pub opts: OptSpec,
+    /// A `merge_partials` call (appended after the options: old inputs decode it as absent).
+    pub merge: Option<MergeSpec>,
+    /// An `alibi_slopes(n)` call.
+    pub alibi_n: Option<usize>,
 }
+
+/// Most partials of a [`MergeSpec`].
+pub const MAX_PARTIALS: usize = 5;
+
+/// One partial of a [`MergeSpec`]: its output dims (the merged output's, one of them possibly
+/// replaced) as a stride-0 view of one element, and its LSE length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialSpec {
+    /// Replace dim `.0` by `.1`.
+    pub mutation: Option<(u8, usize)>,
+    /// LSE length relative to `B · H · n_q`.
+    pub lse: LenSpec,
+}
+
+/// `merge_partials(parts, out, lse)` on the case's output view (its dims, data and strides):
+/// arbitrary partial counts (0 included), dims and LSE lengths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergeSpec {
+    /// The partials.
+    pub parts: Vec<PartialSpec>,
+    /// LSE length of the merged result.
+    pub lse: LenSpec,
+}
+
+impl MergeSpec {
+    fn decode(u: &mut Unstructured<'_>) -> Result<MergeSpec> {
+        let n = urange(u, 0, MAX_PARTIALS)?;
+        let parts = (0..n)
+            .map(|_| {
+                let mutation = if urange(u, 0, 3)? == 0 {
+                    Some((urange(u, 0, 3)? as u8, size(u)?))
+                } else {
+                    None
+                };
+                Ok(PartialSpec {
+                    mutation,
+                    lse: LenSpec::decode(u)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(MergeSpec {
+            parts,
+            lse: LenSpec::decode(u)?,
+        })
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.urange(self.parts.len(), 0, MAX_PARTIALS);
+        for p in &self.parts {
+            match p.mutation {
+                None => {
+                    w.urange(1, 0, 3);
+                }
+                Some((d, x)) => {
+                    w.urange(0, 0, 3).urange(d.into(), 0, 3);
+                    write_size(w, x);
+                }
+            }
+            p.lse.encode(w);
+        }
+        self.lse.encode(w);
+    }
+}
+
+/// Largest `n` passed to `sdpa::alibi_slopes` while it returns a plain `Vec` (a huge `n` would
+/// abort on allocation); any `n` once it returns a `Result` (see `super::alibi_slopes`).
+pub const ALIBI_MAX: usize = 4096;
 
 impl ApiCase {
     /// Reads a case.
@@ -305,11 +376,23 @@ impl ApiCase {
         ];
         let lse = LenSpec::decode(u)?;
         let opts = OptSpec::decode(u)?;
+        let merge = if urange(u, 0, 3)? == 3 {
+            Some(MergeSpec::decode(u)?)
+        } else {
+            None
+        };
+        let alibi_n = if urange(u, 0, 3)? == 3 {
+            Some(size(u)?)
+        } else {
+            None
+        };
         Ok(ApiCase {
             sizes,
             views,
             lse,
             opts,
+            merge,
+            alibi_n,
         })
     }
 
@@ -324,6 +407,14 @@ impl ApiCase {
         }
         self.lse.encode(&mut w);
         self.opts.encode(&mut w);
+        w.urange(if self.merge.is_some() { 3 } else { 0 }, 0, 3);
+        if let Some(m) = &self.merge {
+            m.encode(&mut w);
+        }
+        w.urange(if self.alibi_n.is_some() { 3 } else { 0 }, 0, 3);
+        if let Some(n) = self.alibi_n {
+            write_size(&mut w, n);
+        }
         w.bytes
     }
 
@@ -482,6 +573,19 @@ pub fn assert_one_of(what: &str, got: &Result2<()>, errors: &[Error]) {
     let same = |a: &Error, b: &Error| match (a, b) {
         (Error::InvalidScale(x), Error::InvalidScale(y))
         | (Error::InvalidSoftcap(x), Error::InvalidSoftcap(y)) => x.to_bits() == y.to_bits(),
+        // The reason text is not part of the contract: the operand and the index are.
+        (
+            Error::InvalidValue {
+                operand: a,
+                index: i,
+                ..
+            },
+            Error::InvalidValue {
+                operand: b,
+                index: j,
+                ..
+            },
+        ) => a == b && i == j,
         _ => a == b,
     };
     match got {
@@ -648,6 +752,12 @@ pub fn check(case: &ApiCase) -> ApiStats {
         );
         all_valid &= got.is_ok();
     }
+    if let Some(n) = case.alibi_n {
+        check_alibi_slopes(n);
+    }
+    if let (Some(m), Ok(())) = (&case.merge, &models[3].1) {
+        check_merge(m, dims[3], &case.views[3], &datas[3], &mut stats);
+    }
     if !all_valid {
         return stats;
     }
@@ -772,7 +882,10 @@ fn check_calls(
         let mut lse_buf = vec![f32::from_bits(SENTINEL); lse.unwrap_or(0)];
         let mut view = make_view_mut(&case.views[3], od, &mut out).expect("checked above");
         let r = call(&mut view, lse.map(|_| &mut lse_buf[..]));
-        assert_one_of(what, &r, errors);
+        // A wide option value may be refused with a typed error (`OptData::may_refuse`).
+        if !r.as_ref().is_err_and(|e| opt_data.may_refuse(e)) {
+            assert_one_of(what, &r, errors);
+        }
         if r.is_err() {
             rejected.set(rejected.get() + 1);
             assert!(
@@ -812,7 +925,9 @@ fn check_calls(
         let r = sdpa::reference::error_bounds(&q, &k, &v, &opts).map(|b| {
             assert_eq!(b.len(), batch * heads * n_q, "error_bounds length");
         });
-        assert_one_of("reference::error_bounds", &r, &e_bounds);
+        if !r.as_ref().is_err_and(|e| opt_data.may_refuse(e)) {
+            assert_one_of("reference::error_bounds", &r, &e_bounds);
+        }
     }
     stats.rejected_calls += rejected.get();
     if !ok_plain {
@@ -847,14 +962,19 @@ fn check_calls(
     }
     // Small and valid: run everything and compare like the differential target does.
     stats.ran += 1;
-    let (fused, fused_lse, _) = run("attention_lse", &[], Some(lse_len), &|o, l| {
+    let (fused, fused_lse, ok_fused) = run("attention_lse", &[], Some(lse_len), &|o, l| {
         sdpa::attention_lse(&q, &k, &v, o, l.expect("lse"), &opts)
     });
-    let (reference, reference_lse, _) =
+    let (reference, reference_lse, ok_ref) =
         run("reference::attention_lse", &[], Some(lse_len), &|o, l| {
             sdpa::reference::attention_lse(&q, &k, &v, o, l.expect("lse"), &opts)
         });
-    let bounds = sdpa::reference::error_bounds(&q, &k, &v, &opts).expect("valid");
+    let Ok(bounds) = sdpa::reference::error_bounds(&q, &k, &v, &opts) else {
+        return; // refused a wide option value (checked above)
+    };
+    if !(ok_fused && ok_ref) {
+        return; // refused a wide option value (checked in `run`)
+    }
     let buffer = |data: Vec<f32>, dims, strides| Buffer {
         data,
         dims,
@@ -901,4 +1021,127 @@ fn check_calls(
         },
         &mut Stats::default(),
     );
+}
+
+/// `alibi_slopes(n)`: `n` slopes in (0, 1], decreasing over each power-of-two run (for `n`
+/// within [`ALIBI_MAX`], see there).
+fn check_alibi_slopes(n: usize) {
+    if n > ALIBI_MAX && !super::alibi_slopes_is_fallible() {
+        return;
+    }
+    // Counts between 2^20 and what no allocator can grant may succeed through overcommit and
+    // then fill gigabytes; the ends of the range are what must not abort.
+    if n > 1 << 20 && n <= isize::MAX as usize / 4 {
+        return;
+    }
+    // Ok, or a typed error for a count too large to allocate.
+    let Ok(s) = super::alibi_slopes(n) else {
+        assert!(n > ALIBI_MAX, "alibi_slopes({n}) failed");
+        return;
+    };
+    assert_eq!(s.len(), n, "alibi_slopes({n}) length");
+    assert!(
+        s.iter().all(|&x| x > 0.0 && x <= 1.0),
+        "alibi_slopes({n}): a slope outside (0, 1]"
+    );
+}
+
+/// `merge_partials` on the case's output view (`out_dims`, valid) with the partials of `m`:
+/// `Ok` or one of the documented errors, nothing written on an error.
+fn check_merge(
+    m: &MergeSpec,
+    out_dims: [usize; 4],
+    out_spec: &ViewSpec,
+    out_data: &[f32],
+    stats: &mut ApiStats,
+) {
+    let [batch, n_q, heads, _] = out_dims;
+    let rows = batch.checked_mul(heads).and_then(|x| x.checked_mul(n_q));
+    let one = [0.5f32];
+    let part_dims: Vec<[usize; 4]> = m
+        .parts
+        .iter()
+        .map(|p| {
+            let mut d = out_dims;
+            if let Some((i, x)) = p.mutation {
+                d[usize::from(i) % 4] = x;
+            }
+            d
+        })
+        .collect();
+    let lses: Vec<Vec<f32>> = m
+        .parts
+        .iter()
+        .map(|p| vec![0.25; p.lse.len(rows)])
+        .collect();
+    // Every partial is a stride-0 view of one element: any dims, no allocation.
+    let parts: Vec<sdpa::Partial<'_>> = part_dims
+        .iter()
+        .zip(&lses)
+        .map(|(&d, l)| sdpa::Partial {
+            out: Tensor::new(&one, d, [0; 4]).expect("a stride-0 view of one element"),
+            lse: l,
+        })
+        .collect();
+    let mut lse = vec![f32::from_bits(SENTINEL); m.lse.len(rows)];
+    let mut errors = Vec::new();
+    if parts.is_empty() {
+        errors.push(Error::NoPartials);
+    }
+    let rows_or_max = rows.unwrap_or(usize::MAX);
+    if lse.len() != rows_or_max {
+        errors.push(Error::LengthMismatch {
+            operand: Operand::Lse,
+            expected: rows_or_max,
+            got: lse.len(),
+        });
+    }
+    for (d, l) in part_dims.iter().zip(&lses) {
+        for (k, dim) in Dim::ALL.into_iter().enumerate() {
+            if d[k] != out_dims[k] {
+                errors.push(Error::ShapeMismatch {
+                    operand: Operand::Partial,
+                    dim,
+                    expected: out_dims[k],
+                    got: d[k],
+                });
+            }
+        }
+        if l.len() != rows_or_max {
+            errors.push(Error::LengthMismatch {
+                operand: Operand::Partial,
+                expected: rows_or_max,
+                got: l.len(),
+            });
+        }
+    }
+    let mut out = vec![f32::from_bits(SENTINEL); out_data.len()];
+    let mut view = make_view_mut(out_spec, out_dims, &mut out).expect("a valid output view");
+    let r = sdpa::merge_partials(&parts, &mut view, &mut lse);
+    assert_one_of("merge_partials", &r, &errors);
+    if r.is_err() {
+        stats.rejected_calls += 1;
+        assert!(
+            out.iter().chain(&lse).all(|x| x.to_bits() == SENTINEL),
+            "merge_partials failed with {r:?} but wrote output"
+        );
+    } else {
+        // Every partial holds 0.5 with LSE 0.25: the merge is 0.5, LSE 0.25 + ln(#parts).
+        let want_lse = 0.25 + (parts.len() as f64).ln();
+        for &x in &lse {
+            assert!(
+                (f64::from(x) - want_lse).abs() <= 1e-6,
+                "merge_partials lse {x}, want {want_lse}"
+            );
+        }
+        for i in super::layout::indices(out_dims) {
+            let x = out[super::layout::offset(i, view_strides(out_spec, out_dims))];
+            assert!((x - 0.5).abs() <= 1e-6, "merge_partials out {x}, want 0.5");
+        }
+    }
+}
+
+/// The strides a valid view of `spec` has.
+fn view_strides(spec: &ViewSpec, dims: [usize; 4]) -> [usize; 4] {
+    view_model(spec, dims, usize::MAX, true).0
 }

@@ -38,6 +38,40 @@ pub mod values;
 
 use arbitrary::Unstructured;
 
+/// `sdpa::alibi_slopes(n)` as a `Result`, whether the crate's function returns `Vec<f32>`
+/// (infallible, aborting on a huge `n`) or `Result<Vec<f32>, Error>` (fallible): the tests
+/// compile against either while the signature changes.
+pub fn alibi_slopes(n: usize) -> Result<Vec<f32>, sdpa::Error> {
+    Slopes::into_result(sdpa::alibi_slopes(n))
+}
+
+/// Whether `sdpa::alibi_slopes` returns a `Result` (then any `n` may be passed).
+pub fn alibi_slopes_is_fallible() -> bool {
+    fn of<T: Slopes>(_: fn(usize) -> T) -> bool {
+        T::FALLIBLE
+    }
+    of(sdpa::alibi_slopes)
+}
+
+trait Slopes {
+    const FALLIBLE: bool;
+    fn into_result(self) -> Result<Vec<f32>, sdpa::Error>;
+}
+
+impl Slopes for Vec<f32> {
+    const FALLIBLE: bool = false;
+    fn into_result(self) -> Result<Vec<f32>, sdpa::Error> {
+        Ok(self)
+    }
+}
+
+impl Slopes for Result<Vec<f32>, sdpa::Error> {
+    const FALLIBLE: bool = true;
+    fn into_result(self) -> Self {
+        self
+    }
+}
+
 /// The fuzz targets, by corpus directory name.
 pub const TARGETS: [&str; 3] = ["differential", "api", "merge"];
 

@@ -319,7 +319,7 @@ impl HeadSpec {
         };
         let off = if alibi { 0.0 } else { f32::NEG_INFINITY };
         let mut v: Vec<f32> = match self.values {
-            HeadValues::Standard if alibi => sdpa::alibi_slopes(n),
+            HeadValues::Standard if alibi => super::alibi_slopes(n).expect("slopes for the heads"),
             HeadValues::Standard => (0..n).map(|_| 2.0 * rng.unit() as f32).collect(),
             HeadValues::Off => vec![off; n],
             HeadValues::Mixed => (0..n)
@@ -388,6 +388,95 @@ impl SoftcapKind {
     }
 }
 
+/// Finite softcaps whose conversions overflow (`2/cap` or the cap in log2 units): huge
+/// (≥ 2.4e38) and tiny (< 5.9e-39, subnormals included).
+pub const WIDE_SOFTCAPS: [f32; 7] = [2.4e38, 3.0e38, f32::MAX, 5.8e-39, 1e-40, 1e-45, 1.2e-38];
+/// Finite sink logits and ALiBi slopes at the ends of the f32 range.
+pub const WIDE_LOGITS: [f32; 8] = [
+    2.4e38,
+    3.0e38,
+    f32::MAX,
+    -2.4e38,
+    -3.0e38,
+    -f32::MAX,
+    1e30,
+    -1e30,
+];
+
+/// Option values from the ends of their ranges, overriding what the other fields made: a
+/// finite softcap, one sink logit and one ALiBi slope near ±f32::MAX or tiny, and key lengths at
+/// the limits of `usize`. Each `0` means "no override". (Windows reach `usize::MAX` through
+/// [`WindowSpec`] already.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WideSpec {
+    /// `1 + index` into [`WIDE_SOFTCAPS`], or 255: any finite bits from `bits`.
+    pub softcap: u8,
+    /// `1 + index` into [`WIDE_LOGITS`] for the sink of head `at` (sinks made if absent).
+    pub sink: u8,
+    /// `1 + index` into [`WIDE_LOGITS`] for the slope of head `at` (only with ALiBi).
+    pub slope: u8,
+    /// Key length of batch `at`: 1 `usize::MAX`, 2 `usize::MAX − 1`, 3 `n_kv`, 4 `n_kv − 1`.
+    pub kv_len: u8,
+    /// Which head or batch.
+    pub at: u16,
+    /// Bits for `softcap == 255`.
+    pub bits: u32,
+}
+
+impl WideSpec {
+    fn decode(u: &mut Unstructured<'_>) -> Result<WideSpec> {
+        let softcap = match urange(u, 0, 8)? {
+            8 => 255,
+            x => x as u8,
+        };
+        let bits = if softcap == 255 {
+            uint(u, 4)? as u32
+        } else {
+            0
+        };
+        Ok(WideSpec {
+            softcap,
+            sink: urange(u, 0, WIDE_LOGITS.len())? as u8,
+            slope: urange(u, 0, WIDE_LOGITS.len())? as u8,
+            kv_len: urange(u, 0, 4)? as u8,
+            at: uint(u, 2)? as u16,
+            bits,
+        })
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.urange(
+            if self.softcap == 255 {
+                8
+            } else {
+                self.softcap.into()
+            },
+            0,
+            8,
+        );
+        if self.softcap == 255 {
+            w.uint(self.bits.into(), 4);
+        }
+        w.urange(self.sink.into(), 0, WIDE_LOGITS.len());
+        w.urange(self.slope.into(), 0, WIDE_LOGITS.len());
+        w.urange(self.kv_len.into(), 0, 4);
+        w.uint(self.at.into(), 2);
+    }
+
+    /// The softcap override: finite (non-finite bits count as absent).
+    fn softcap(&self) -> Option<f32> {
+        match self.softcap {
+            0 => None,
+            255 => Some(f32::from_bits(self.bits).abs()).filter(|c| c.is_finite() && *c > 0.0),
+            i => Some(WIDE_SOFTCAPS[usize::from(i - 1) % WIDE_SOFTCAPS.len()]),
+        }
+    }
+
+    fn logit(i: u8) -> Option<f32> {
+        (i > 0).then(|| WIDE_LOGITS[usize::from(i - 1) % WIDE_LOGITS.len()])
+    }
+}
+
 /// Every option of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptSpec {
@@ -411,6 +500,8 @@ pub struct OptSpec {
     pub softcap: Option<SoftcapKind>,
     /// `sinks`.
     pub sinks: Option<HeadSpec>,
+    /// Values from the ends of the ranges of softcap, sinks, slopes and key lengths.
+    pub wide: Option<WideSpec>,
     // New options go here, after the existing ones (see the module docs).
 }
 
@@ -427,6 +518,7 @@ impl Default for OptSpec {
             alibi: None,
             softcap: None,
             sinks: None,
+            wide: None,
         }
     }
 }
@@ -506,6 +598,11 @@ impl OptSpec {
         } else {
             None
         };
+        let wide = if present(u)? {
+            Some(WideSpec::decode(u)?)
+        } else {
+            None
+        };
         Ok(OptSpec {
             scale,
             scale_bits,
@@ -517,6 +614,7 @@ impl OptSpec {
             alibi,
             softcap,
             sinks,
+            wide,
         })
     }
 
@@ -557,6 +655,10 @@ impl OptSpec {
         write_present(w, self.sinks.is_some());
         if let Some(s) = &self.sinks {
             s.encode(w, false);
+        }
+        write_present(w, self.wide.is_some());
+        if let Some(x) = &self.wide {
+            x.encode(w);
         }
     }
 
@@ -643,15 +745,54 @@ impl OptSpec {
                 Vec::new()
             }
         };
-        OptData {
+        let mut data = OptData {
             spec: *self,
             want,
             kv_lens,
             bias,
             mask,
+            softcap: self.softcap.map(SoftcapKind::value),
             slopes: self.alibi.as_ref().map(|s| per_head(s, true)),
             sinks: self.sinks.as_ref().map(|s| per_head(s, false)),
+        };
+        if let Some(w) = &self.wide {
+            let at = usize::from(w.at);
+            if let Some(c) = w.softcap() {
+                data.softcap = Some(c);
+            }
+            if let Some(x) = WideSpec::logit(w.sink) {
+                if heads <= CAP {
+                    let sinks = data
+                        .sinks
+                        .get_or_insert_with(|| vec![f32::NEG_INFINITY; heads]);
+                    if !sinks.is_empty() {
+                        let n = sinks.len();
+                        sinks[at % n] = x;
+                    }
+                }
+            }
+            if let (Some(x), Some(slopes)) = (WideSpec::logit(w.slope), data.slopes.as_mut()) {
+                if !slopes.is_empty() {
+                    let n = slopes.len();
+                    slopes[at % n] = x;
+                }
+            }
+            if w.kv_len > 0 {
+                let lens = data
+                    .kv_lens
+                    .get_or_insert_with(|| vec![n_kv; batch.min(CAP)]);
+                if !lens.is_empty() {
+                    let n = lens.len();
+                    lens[at % n] = match w.kv_len {
+                        1 => usize::MAX,
+                        2 => usize::MAX - 1,
+                        3 => n_kv,
+                        _ => n_kv.saturating_sub(1),
+                    };
+                }
+            }
         }
+        data
     }
 }
 
@@ -679,6 +820,8 @@ pub struct OptData {
     pub bias: Option<Buffer>,
     /// Mask (`None` also when too large to make).
     pub mask: Option<BoolBuffer>,
+    /// The softcap.
+    pub softcap: Option<f32>,
     /// ALiBi slopes.
     pub slopes: Option<Vec<f32>>,
     /// Sink logits.
@@ -724,8 +867,8 @@ impl OptData {
         if let (Some(slopes), Some(a)) = (&self.slopes, &s.alibi) {
             o = o.alibi(slopes, a.alignment);
         }
-        if let Some(c) = s.softcap {
-            o = o.softcap(c.value());
+        if let Some(c) = self.softcap {
+            o = o.softcap(c);
         }
         if let Some(x) = &self.sinks {
             o = o.sinks(x);
@@ -873,12 +1016,40 @@ impl OptData {
             let reason = "sink logit is NaN or +inf";
             per_head(&mut errors, v, Operand::Sinks, reason, &ok);
         }
-        if let Some(c) = s.softcap {
-            let cap = c.value();
+        if let Some(cap) = self.softcap {
             if !(cap.is_finite() && cap > 0.0) {
                 errors.push(Error::InvalidSoftcap(cap));
             }
         }
         errors
+    }
+
+    /// Whether `e` is an error the crate may answer for a valid option value from the ends of
+    /// its range ([`WideSpec`]): a finite softcap, sink logit or slope whose conversion
+    /// overflows may be handled or refused as a typed error of that option, never a NaN.
+    pub fn may_refuse(&self, e: &Error) -> bool {
+        let wide = |x: f32| x.abs() >= 2.4e38 || (x != 0.0 && x.abs() < 5.9e-39);
+        match e {
+            Error::InvalidSoftcap(c) => self.softcap == Some(*c) && wide(*c),
+            Error::InvalidValue {
+                operand: Operand::Sinks,
+                index,
+                ..
+            } => self
+                .sinks
+                .as_ref()
+                .and_then(|s| s.get(*index))
+                .is_some_and(|&x| x.is_finite() && wide(x)),
+            Error::InvalidValue {
+                operand: Operand::AlibiSlopes,
+                index,
+                ..
+            } => self
+                .slopes
+                .as_ref()
+                .and_then(|s| s.get(*index))
+                .is_some_and(|&x| wide(x)),
+            _ => false,
+        }
     }
 }

@@ -2,13 +2,13 @@
 //! `fuzz/corpus/<target>/seed-<name>` (and checks that the files on disk still decode to them).
 //! Regenerate with `SDPA_WRITE_CORPUS=1 cargo test --test fuzz_stable seed_corpus`.
 
-use super::api::{ApiCase, Ctor, LenKind, LenSpec, StrideKind, ViewSpec};
+use super::api::{ApiCase, Ctor, LenKind, LenSpec, MergeSpec, PartialSpec, StrideKind, ViewSpec};
 use super::differential::{DiffCase, Shape};
 use super::layout::Layout;
 use super::merge::MergeCase;
 use super::opts::{
     CausalKind, HeadSpec, HeadValues, Holes, KvLensKind, OptSpec, ScaleKind, SoftcapKind, TermSpec,
-    WindowSpec,
+    WideSpec, WindowSpec,
 };
 use super::values::{Dist, Fill, Scope, Special, SpecialValue, SplitMix, Values};
 use sdpa::Alignment;
@@ -642,6 +642,92 @@ pub fn differential() -> Vec<(&'static str, DiffCase)> {
                 67,
             ),
         ),
+        (
+            "nan-in-v-rows-hidden-by-mask",
+            with_values(
+                plain(
+                    shape(1, 1, 2, 12, 20, 8, 8),
+                    OptSpec {
+                        mask: Some(TermSpec {
+                            hidden_eighths: 6,
+                            seed: 9,
+                            size_one: 0b0100,
+                            ..TermSpec::plain(Fill::unit(0))
+                        }),
+                        ..none
+                    },
+                    70,
+                ),
+                Values {
+                    specials: vec![
+                        Special::new(2, Scope::Row, 3, SpecialValue::Nan),
+                        Special::new(2, Scope::Row, 11, SpecialValue::Inf),
+                        Special::new(2, Scope::Element, 17 * 8 + 2, SpecialValue::NegInf),
+                    ],
+                    ..unit(70)
+                },
+            ),
+        ),
+        (
+            "nan-in-v-rows-after-causal-diagonal",
+            with_values(
+                plain(shape(1, 2, 1, 16, 16, 8, 8), causal(TopLeft), 71),
+                Values {
+                    specials: vec![Special::new(2, Scope::Row, 2 * 12, SpecialValue::Nan)],
+                    ..unit(71)
+                },
+            ),
+        ),
+        (
+            "wide-softcap-huge",
+            plain(shape(1, 1, 2, 9, 17, 8, 8), wide(1, 0, 0, 0, 0), 72),
+        ),
+        (
+            "wide-softcap-max",
+            plain(shape(1, 1, 1, 9, 17, 8, 8), wide(3, 0, 0, 0, 0), 73),
+        ),
+        (
+            "wide-softcap-tiny",
+            plain(shape(1, 1, 2, 9, 17, 8, 8), wide(4, 0, 0, 0, 0), 74),
+        ),
+        (
+            "wide-softcap-subnormal",
+            plain(shape(1, 1, 1, 9, 17, 8, 8), wide(6, 0, 0, 0, 0), 75),
+        ),
+        (
+            "wide-sink-huge",
+            plain(shape(1, 2, 2, 9, 17, 8, 8), wide(0, 1, 0, 0, 1), 76),
+        ),
+        (
+            "wide-sink-negative-huge",
+            plain(shape(1, 2, 2, 9, 17, 8, 8), wide(0, 4, 0, 0, 2), 77),
+        ),
+        (
+            "wide-slope-huge",
+            plain(
+                shape(1, 1, 4, 9, 17, 8, 8),
+                OptSpec {
+                    alibi: Some(head(HeadValues::Standard, 0, Alignment::BottomRight)),
+                    ..wide(0, 0, 1, 0, 1)
+                },
+                78,
+            ),
+        ),
+        (
+            "wide-slope-negative-huge",
+            plain(
+                shape(1, 1, 4, 9, 17, 8, 8),
+                OptSpec {
+                    alibi: Some(head(HeadValues::Standard, 0, Alignment::TopLeft)),
+                    ..wide(0, 0, 4, 0, 3)
+                },
+                79,
+            ),
+        ),
+        (
+            "wide-kv-len-max",
+            plain(shape(2, 1, 1, 5, 9, 8, 8), wide(0, 0, 0, 1, 1), 80),
+        ),
     ]
 }
 
@@ -652,6 +738,21 @@ fn window(left: usize, right: usize, alignment: Alignment, causal: CausalKind) -
             left,
             right,
             alignment,
+        }),
+        ..OptSpec::default()
+    }
+}
+
+/// Only wide option values ([`WideSpec`]).
+fn wide(softcap: u8, sink: u8, slope: u8, kv_len: u8, at: u16) -> OptSpec {
+    OptSpec {
+        wide: Some(WideSpec {
+            softcap,
+            sink,
+            slope,
+            kv_len,
+            at,
+            bits: 0,
         }),
         ..OptSpec::default()
     }
@@ -673,6 +774,17 @@ pub fn api() -> Vec<(&'static str, ApiCase)> {
         views: [ViewSpec::BSHD; 4],
         lse: LenSpec::EXACT,
         opts: OptSpec::default(),
+        merge: None,
+        alibi_n: None,
+    };
+    let with_merge = |mut c: ApiCase, parts: Vec<PartialSpec>, lse: LenSpec| {
+        c.merge = Some(MergeSpec { parts, lse });
+        c
+    };
+    let part = |mutation, lse| PartialSpec { mutation, lse };
+    let with_alibi = |mut c: ApiCase, n: usize| {
+        c.alibi_n = Some(n);
+        c
     };
     let with_view = |mut c: ApiCase, n: usize, v: ViewSpec| {
         c.views[n] = v;
@@ -969,6 +1081,89 @@ pub fn api() -> Vec<(&'static str, ApiCase)> {
                 3,
                 ViewSpec::explicit([0, 1, 0, 1]),
             ),
+        ),
+        (
+            "merge-no-partials",
+            with_merge(valid([1, 2, 1, 1, 2, 2, 2]), vec![], LenSpec::EXACT),
+        ),
+        (
+            "merge-three-partials",
+            with_merge(
+                valid([2, 3, 1, 2, 4, 3, 5]),
+                vec![part(None, LenSpec::EXACT); 3],
+                LenSpec::EXACT,
+            ),
+        ),
+        (
+            "merge-partial-dim-mismatch",
+            with_merge(
+                valid([1, 3, 1, 2, 4, 3, 5]),
+                vec![
+                    part(None, LenSpec::EXACT),
+                    part(Some((3, big)), LenSpec::EXACT),
+                ],
+                LenSpec::EXACT,
+            ),
+        ),
+        (
+            "merge-partial-lse-short",
+            with_merge(
+                valid([1, 3, 1, 2, 4, 3, 5]),
+                vec![part(None, len(LenKind::Short, 0))],
+                LenSpec::EXACT,
+            ),
+        ),
+        (
+            "merge-empty-view-huge-d-v",
+            with_merge(
+                valid([1, 0, 1, 1, 4, 3, usize::MAX]),
+                vec![part(None, LenSpec::EXACT); 2],
+                LenSpec::EXACT,
+            ),
+        ),
+        (
+            "merge-empty-view-huge-rows",
+            with_merge(
+                valid([big, 2, 1, 1, 4, 3, 0]),
+                vec![part(None, LenSpec::EXACT)],
+                LenSpec::EXACT,
+            ),
+        ),
+        (
+            "alibi-slopes-0",
+            with_alibi(valid([1, 1, 1, 1, 1, 1, 1]), 0),
+        ),
+        (
+            "alibi-slopes-12",
+            with_alibi(valid([1, 1, 1, 1, 1, 1, 1]), 12),
+        ),
+        (
+            "alibi-slopes-4096",
+            with_alibi(valid([1, 1, 1, 1, 1, 1, 1]), 4096),
+        ),
+        (
+            "alibi-slopes-huge",
+            with_alibi(valid([1, 1, 1, 1, 1, 1, 1]), usize::MAX),
+        ),
+        (
+            "option-softcap-huge",
+            with_opts(valid([1, 4, 1, 2, 4, 3, 3]), wide(1, 0, 0, 0, 0)),
+        ),
+        (
+            "option-softcap-tiny",
+            with_opts(valid([1, 4, 1, 2, 4, 3, 3]), wide(5, 0, 0, 0, 0)),
+        ),
+        (
+            "option-sink-huge",
+            with_opts(valid([1, 4, 1, 2, 4, 3, 3]), wide(0, 2, 0, 0, 1)),
+        ),
+        (
+            "option-sink-negative-huge",
+            with_opts(valid([1, 4, 1, 2, 4, 3, 3]), wide(0, 5, 0, 0, 0)),
+        ),
+        (
+            "option-kv-len-usize-max",
+            with_opts(valid([2, 4, 1, 2, 4, 3, 3]), wide(0, 0, 0, 1, 1)),
         ),
     ]
 }

@@ -3,9 +3,10 @@
 //! [`super::check`]: per-row bounds, rows with no visible key exactly 0 / −∞).
 
 use super::{check, rng, Buf, Layout};
+use crate::support::alibi_slopes;
 use rand::rngs::StdRng;
 use rand::Rng;
-use sdpa::{alibi_slopes, Alignment, Options};
+use sdpa::{Alignment, Options};
 
 /// One random call: shapes, operands and every option's data (the options borrow from it).
 pub struct Case {
@@ -142,7 +143,7 @@ impl Case {
         });
         let alibi = rng.random_bool(mix.alibi).then(|| {
             if rng.random_bool(0.5) {
-                alibi_slopes(h)
+                alibi_slopes(h).expect("slopes")
             } else {
                 (0..h).map(|_| rng.random_range(-0.3..1.0)).collect()
             }

@@ -13,6 +13,9 @@
 //! Every random test names its seed. The helpers below are this test's own (the shared
 //! `tests/common` is written concurrently by someone else).
 
+#[path = "../support/mod.rs"]
+mod support;
+
 mod errors;
 mod grid;
 mod hand;
