@@ -121,7 +121,7 @@ impl Shape {
         d_k: usize,
         d_v: usize,
     ) -> Shape {
-        assert!(kv_heads > 0 && heads % kv_heads == 0);
+        assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads));
         Shape {
             batch,
             kv_heads,
