@@ -299,7 +299,8 @@ thread_local! {
 
 fn set_last_error(message: &str) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // `try_with`: a call from a thread-local destructor must not panic here.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 /// Runs one entry point: clears the thread's message, catches panics, records failures.
@@ -977,7 +978,9 @@ pub extern "C" fn sdpa_get_num_threads() -> usize {
 /// until the next sdpa call on this thread.
 #[no_mangle]
 pub extern "C" fn sdpa_last_error_message() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).
