@@ -64,6 +64,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod element;
 mod error;
 mod fused;
 mod math;
@@ -80,7 +81,10 @@ mod tensor;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+pub use element::Element;
 pub use error::{Dim, Error, Operand};
+/// The `half` crate, whose `f16` and `bf16` are element types of this one.
+pub use half;
 pub use merge::{merge_partials, Partial};
 pub use options::{alibi_slopes, Alignment, Options};
 pub use simd::{backend, Backend};
@@ -99,11 +103,11 @@ use problem::Problem;
 /// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale;
 /// the option errors listed on [`Options`]; [`Error::ScratchTooLarge`] when the per-worker
 /// buffers cannot be allocated (only possible with broadcast views declaring a huge head size).
-pub fn attention(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+pub fn attention<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
@@ -115,11 +119,11 @@ pub fn attention(
 ///
 /// # Errors
 /// As [`attention`], plus [`Error::LengthMismatch`] when `lse.len() ≠ B · H · n_q`.
-pub fn attention_lse(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+pub fn attention_lse<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     lse: &mut [f32],
     opts: &Options<'_>,
 ) -> Result<(), Error> {
@@ -136,14 +140,14 @@ pub fn attention_lse(
 ///
 /// # Errors
 /// As [`attention`] for the shapes and options.
-pub fn scratch_bytes_per_thread(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
+pub fn scratch_bytes_per_thread<Q: Element, KV: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
     opts: &Options<'_>,
 ) -> Result<usize, Error> {
     let [batch, n_q, heads, _] = q.dims();
     let out_dims = [batch, n_q, heads, v.dims()[3]];
     let problem = Problem::new(q, k, v, out_dims, None, opts)?;
-    fused::scratch_bytes(&problem, k.strides()[3] != 1)
+    fused::scratch_bytes(&problem, k.strides()[3] != 1 || KV::as_f32(&[]).is_none())
 }

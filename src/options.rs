@@ -231,14 +231,18 @@ impl<'a> Options<'a> {
 /// of them.
 ///
 /// # Errors
-/// [`Error::OutOfMemory`] when `heads` slopes cannot be allocated.
+/// [`Error::OutOfMemory`] when `heads` slopes cannot be allocated, and for more than 2²⁴ heads
+/// (64 MiB of slopes; no model has that many, and a larger request can succeed through memory
+/// overcommit only to exhaust memory while the slopes are written).
 pub fn alibi_slopes(heads: usize) -> Result<Vec<f32>, Error> {
+    let out_of_memory = Error::OutOfMemory {
+        bytes: heads.saturating_mul(4),
+    };
+    if heads > MAX_ALIBI_HEADS {
+        return Err(out_of_memory);
+    }
     let mut slopes = Vec::new();
-    slopes
-        .try_reserve_exact(heads)
-        .map_err(|_| Error::OutOfMemory {
-            bytes: heads.saturating_mul(4),
-        })?;
+    slopes.try_reserve_exact(heads).map_err(|_| out_of_memory)?;
     if heads == 0 {
         return Ok(slopes);
     }
@@ -250,6 +254,9 @@ pub fn alibi_slopes(heads: usize) -> Result<Vec<f32>, Error> {
     slopes.extend((1..=heads - n).map(|h| (-4.0 * (2 * h - 1) as f64 / n as f64).exp2() as f32));
     Ok(slopes)
 }
+
+/// The most heads [`alibi_slopes`] computes slopes for.
+const MAX_ALIBI_HEADS: usize = 1 << 24;
 
 #[cfg(test)]
 mod tests {
@@ -271,9 +278,9 @@ mod tests {
         assert_eq!(alibi_slopes(1).unwrap(), vec![2f32.powi(-8)]);
         assert!(alibi_slopes(0).unwrap().is_empty());
         // Head counts no memory can hold are an error, not an abort.
-        assert!(matches!(
-            alibi_slopes(usize::MAX),
-            Err(Error::OutOfMemory { .. })
-        ));
+        for n in [usize::MAX, (1 << 24) + 1, 1 << 40] {
+            assert!(matches!(alibi_slopes(n), Err(Error::OutOfMemory { .. })));
+        }
+        assert_eq!(alibi_slopes(1 << 20).unwrap().len(), 1 << 20);
     }
 }

@@ -152,10 +152,10 @@ impl<'a> Problem<'a> {
     }
 
     /// Validates the operands of a call (`out_dims`: the output's logical dims) and the options.
-    pub fn new(
-        q: &Tensor<'_, f32>,
-        k: &Tensor<'_, f32>,
-        v: &Tensor<'_, f32>,
+    pub fn new<Q, KV>(
+        q: &Tensor<'_, Q>,
+        k: &Tensor<'_, KV>,
+        v: &Tensor<'_, KV>,
         out_dims: [usize; 4],
         lse: Option<&[f32]>,
         opts: &Options<'a>,

@@ -14,6 +14,7 @@
 //! every output they touch (a NaN in `v_j` reaches exactly the rows that give key `j` a non-zero
 //! weight).
 
+use crate::element::Element;
 use crate::error::Error;
 use crate::options::Options;
 use crate::problem::Problem;
@@ -25,11 +26,11 @@ use crate::tensor::{Tensor, TensorMut};
 /// # Errors
 /// The same as [`crate::attention`], plus [`Error::ScoreMatrixTooLarge`] when the score matrix
 /// of one (batch, head) cannot be allocated.
-pub fn attention(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+pub fn attention<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
@@ -41,11 +42,11 @@ pub fn attention(
 ///
 /// # Errors
 /// The same as [`crate::attention_lse`], plus [`Error::ScoreMatrixTooLarge`].
-pub fn attention_lse(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+pub fn attention_lse<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     lse: &mut [f32],
     opts: &Options<'_>,
 ) -> Result<(), Error> {
@@ -53,17 +54,17 @@ pub fn attention_lse(
     run(&problem, q, k, v, out, Some(lse))
 }
 
-fn at(t: &Tensor<'_, f32>, index: [usize; 4]) -> f64 {
-    // In range by construction of the loops below and the validated view.
-    f64::from(*t.get(index).expect("index inside validated dims"))
+fn at<T: Element>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
+    // In range by construction of the loops below and the validated view; exact conversion.
+    t.get(index).expect("index inside validated dims").to_f64()
 }
 
-fn run(
+fn run<Q: Element, KV: Element, O: Element>(
     p: &Problem,
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     mut lse: Option<&mut [f32]>,
 ) -> Result<(), Error> {
     // Nothing to compute: no row, or no output element and no LSE (checked before the score
@@ -160,7 +161,7 @@ fn run(
                         acc /= sum;
                     }
                     *out.get_mut([b, i, h, c])
-                        .expect("index inside validated dims") = acc as f32;
+                        .expect("index inside validated dims") = O::from_f32(acc as f32);
                 }
                 if let Some(lse) = lse.as_deref_mut() {
                     lse[(b * p.heads + h) * p.n_q + i] = if visible_any {
@@ -178,10 +179,33 @@ fn run(
 /// How far the fused kernel's result may be from the f64 reference for one query row.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ErrorBound {
-    /// Bound on `|out_fused − out_reference|` for every element of the row.
+    /// Bound on `|out_fused − out_reference|` for every element of the row, both written to
+    /// an f32 output (see [`ErrorBound::for_output`] for f16/bf16 outputs).
     pub out: f64,
     /// Bound on `|lse_fused − lse_reference|`.
     pub lse: f64,
+    /// The largest `|v|` over the row's visible keys: both results are convex combinations of
+    /// those values (0 for a row without visible keys).
+    pub value_max: f64,
+}
+
+impl ErrorBound {
+    /// The bound when both results are written to an output of type `O`: each is rounded once
+    /// more, by at most `u_O · value_max` (`u_O` = [`Element::UNIT_ROUNDOFF`], `2⁻¹¹` for f16,
+    /// `2⁻⁸` for bf16), so `out + 2·u_O·value_max`; unchanged for f32. (An f16 output whose
+    /// value exceeds 65504 is ±∞ on both paths, outside this bound.)
+    pub fn for_output<O: Element>(self) -> ErrorBound {
+        // f32 outputs are already covered by `out` (its final 2u).
+        let extra = if O::UNIT_ROUNDOFF > U {
+            2.0 * O::UNIT_ROUNDOFF * self.value_max
+        } else {
+            0.0
+        };
+        ErrorBound {
+            out: self.out + extra,
+            ..self
+        }
+    }
 }
 
 /// Unit roundoff of f32, `2⁻²⁴`.
@@ -227,10 +251,10 @@ fn gamma(n: usize) -> f64 {
 /// # Errors
 /// The same as [`attention`] for the shapes and options (no output is needed), plus
 /// [`Error::TooManyRows`] when `batch · heads · n_q` bounds cannot be allocated.
-pub fn error_bounds(
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
+pub fn error_bounds<Q: Element, KV: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
     opts: &Options<'_>,
 ) -> Result<Vec<ErrorBound>, Error> {
     let [batch, n_q, heads, _] = q.dims();
@@ -317,7 +341,11 @@ pub fn error_bounds(
                 let terms = n + usize::from(sink > f64::NEG_INFINITY);
                 let lse_mag = s_max.abs() + (terms.max(1) as f64).ln();
                 bounds.push(if terms == 0 {
-                    ErrorBound { out: 0.0, lse: 0.0 }
+                    ErrorBound {
+                        out: 0.0,
+                        lse: 0.0,
+                        value_max: 0.0,
+                    }
                 } else {
                     // Both results are convex combinations of the visible values (rounded), so
                     // they are never further apart than 2·max‖v‖ (plus rounding): the cap when
@@ -331,6 +359,7 @@ pub fn error_bounds(
                     ErrorBound {
                         out: first_order.min(cap),
                         lse: delta + theta + gamma(terms) + U * lse_mag,
+                        value_max: v_max,
                     }
                 });
             }

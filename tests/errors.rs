@@ -148,7 +148,7 @@ fn shape_mismatches_name_the_operand_and_the_dim() {
         ),
         (
             Operand::Key,
-            Dim::Dim,
+            Dim::HeadSize,
             Dims {
                 k: [2, 6, 2, 7],
                 ..GOOD
@@ -218,7 +218,7 @@ fn shape_mismatches_name_the_operand_and_the_dim() {
         ),
         (
             Operand::Output,
-            Dim::Dim,
+            Dim::HeadSize,
             Dims {
                 out: [2, 5, 4, 8],
                 ..GOOD
@@ -240,7 +240,7 @@ fn shape_mismatches_name_the_operand_and_the_dim() {
             Dim::Batch => "batch",
             Dim::Seq => "seq",
             Dim::Heads => "heads",
-            Dim::Dim => "head size",
+            Dim::HeadSize => "head size",
         };
         let operand_name = match operand {
             Operand::Key => "key",
@@ -543,6 +543,11 @@ fn reference_score_matrix_larger_than_memory_is_an_error() {
     let v = sdpa::Tensor::new(&one, [1, n_kv, 1, 0], [0, 0, 0, 0]).unwrap();
     let mut out: [f32; 0] = [];
     let mut view = sdpa::TensorMut::new(&mut out, [1, n_q, 1, 0], [0, 0, 0, 0]).unwrap();
-    let err = sdpa::reference::attention(&q, &k, &v, &mut view, &sdpa::Options::new()).unwrap_err();
+    // With d_v = 0 only the LSE needs the scores (plain attention has nothing to write and
+    // returns Ok at once).
+    let mut lse = vec![0.0f32; n_q];
+    let opts = sdpa::Options::new();
+    let err = sdpa::reference::attention_lse(&q, &k, &v, &mut view, &mut lse, &opts).unwrap_err();
     assert_eq!(err, sdpa::Error::ScoreMatrixTooLarge { n_q, n_kv });
+    sdpa::reference::attention(&q, &k, &v, &mut view, &opts).unwrap();
 }

@@ -184,7 +184,7 @@ fn huge_query_length_with_bottom_right_causal_does_not_panic() {
     let q = [1.0f32];
     let n_q = 1usize << 63;
     let qt = Tensor::new(&q, [1, n_q, 1, 1], [0; 4]).unwrap();
-    let kt = Tensor::new(&[], [1, 0, 1, 1], [0, 1, 1, 1]).unwrap();
+    let kt = Tensor::<f32>::new(&[], [1, 0, 1, 1], [0, 1, 1, 1]).unwrap();
     let vt = Tensor::new(&[], [1, 0, 1, 0], [0, 1, 1, 1]).unwrap();
     let mut out: [f32; 0] = [];
     let mut ov = TensorMut::new(&mut out, [1, n_q, 1, 0], [0, 1, 0, 1]).unwrap();
@@ -224,7 +224,7 @@ fn error_bounds_of_an_unrepresentable_problem_is_an_error() {
     let q = [1.0f32];
     let n = 1usize << 30;
     let qt = Tensor::new(&q, [n, n, 1, 1], [0; 4]).unwrap();
-    let kt = Tensor::new(&[], [n, 0, 1, 1], [0; 4]).unwrap();
+    let kt = Tensor::<f32>::new(&[], [n, 0, 1, 1], [0; 4]).unwrap();
     let vt = Tensor::new(&[], [n, 0, 1, 0], [0; 4]).unwrap();
     let r = std::panic::catch_unwind(|| reference::error_bounds(&qt, &kt, &vt, &Options::new()));
     assert!(

@@ -24,6 +24,7 @@
 use super::blocking::Blocking;
 use super::kv::{KeyRange, KvSource, Rows};
 use super::scratch::{Scratch, TileBuffers};
+use crate::element::Element;
 use crate::microkernel::{output_tile, scores_tile};
 use crate::problem::Problem;
 use crate::simd::{exp2, Simd};
@@ -31,10 +32,10 @@ use crate::tensor::Tensor;
 use std::f32::consts::LOG2_E;
 
 /// What every work item of one call reads.
-pub(crate) struct Ctx<'a, KV> {
+pub(crate) struct Ctx<'a, Q, KV> {
     pub problem: &'a Problem<'a>,
     pub blocking: Blocking,
-    pub q: Tensor<'a, f32>,
+    pub q: Tensor<'a, Q>,
     pub kv: KV,
 }
 
@@ -98,9 +99,9 @@ impl Block {
 /// `r`, `scratch.tile.l[r]` its sum of weights and `scratch.tile.m[r]` its max score, log2
 /// domain (`l = 0` for a row that saw no key).
 #[inline(always)]
-pub(crate) fn stream_item<S: Simd, KV: KvSource>(
+pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     s: S,
-    cx: &Ctx<'_, KV>,
+    cx: &Ctx<'_, Q, KV>,
     item: &Item,
     sc: &mut Scratch,
 ) {
@@ -115,7 +116,7 @@ pub(crate) fn stream_item<S: Simd, KV: KvSource>(
         d_vp: bl.d_v_pad,
     };
     let Scratch { tile, kv, tiles } = sc;
-    pack_queries::<S>(cx, item, &t, &mut tile.qt);
+    pack_queries::<S, Q>(cx, item, &t, &mut tile.qt);
     let Some((first, last)) = visible_ranges(cx, item, &t, tile) else {
         return;
     };
@@ -145,7 +146,12 @@ pub(crate) fn stream_item<S: Simd, KV: KvSource>(
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
 /// is applied to the scores). Padding rows are zero.
 #[inline(always)]
-fn pack_queries<S: Simd>(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt: &mut [f32]) {
+fn pack_queries<S: Simd, Q: Element>(
+    cx: &Ctx<'_, Q, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    qt: &mut [f32],
+) {
     let nr = 2 * S::LANES;
     let group = cx.blocking.group;
     let [qs_b, qs_s, qs_h, qs_d] = cx.q.strides();
@@ -156,7 +162,7 @@ fn pack_queries<S: Simd>(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt
         let base = item.batch * qs_b + i * qs_s + h * qs_h;
         let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
         for c in 0..t.d_k {
-            panel[c * nr + r % nr] = q[base + c * qs_d];
+            panel[c * nr + r % nr] = q[base + c * qs_d].to_f32();
         }
     }
 }
@@ -165,7 +171,7 @@ fn pack_queries<S: Simd>(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt
 /// slopes, and the initial softmax state. Returns the union of the ranges, or `None` when no
 /// row sees any key (the item's rows then stay at `l = 0`).
 fn visible_ranges(
-    cx: &Ctx<'_, impl KvSource>,
+    cx: &Ctx<'_, impl Element, impl KvSource>,
     item: &Item,
     t: &Tiles,
     tile: &mut TileBuffers,
@@ -281,7 +287,7 @@ fn all_finite<S: Simd>(s: S, rows: Rows<'_>, len: usize, width: usize) -> bool {
 #[inline(always)]
 fn scores<S: Simd>(
     s: S,
-    cx: &Ctx<'_, impl KvSource>,
+    cx: &Ctx<'_, impl Element, impl KvSource>,
     item: &Item,
     t: &Tiles,
     block: &Block,
@@ -347,7 +353,7 @@ fn scores<S: Simd>(
 /// The caller's bias (in log2 units) on each row's visible keys, then `−∞` for every key the
 /// row does not see: outside its causal/window/key-length range, or hidden by the boolean mask.
 fn bias_and_masks(
-    cx: &Ctx<'_, impl KvSource>,
+    cx: &Ctx<'_, impl Element, impl KvSource>,
     item: &Item,
     t: &Tiles,
     block: &Block,
@@ -453,7 +459,7 @@ fn output_product<S: Simd>(
 /// rows that see key `j` (its causal/window/length range and the boolean mask; a `−∞` bias
 /// leaves the key seen with weight 0, so `0 · NaN` reaches the row, as in the reference).
 fn add_non_finite_values(
-    cx: &Ctx<'_, impl KvSource>,
+    cx: &Ctx<'_, impl Element, impl KvSource>,
     item: &Item,
     t: &Tiles,
     at: KeyRange,

@@ -7,6 +7,7 @@
 //! caches and paged caches next — are implementations of this one trait, not copies of the
 //! loop.
 
+use crate::element::Element;
 use crate::tensor::Tensor;
 
 /// A block of f32 rows: row `j` is `data[j · ld ..][..width]` (`ld` may be 0: one row
@@ -53,25 +54,27 @@ pub(crate) trait KvSource: Sync {
     fn pack_values(&self, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
 }
 
-/// K and V as strided f32 tensors (BSHD, BHSD, padded, broadcast: any strides).
-pub(crate) struct StridedKv<'a> {
-    pub k: Tensor<'a, f32>,
-    pub v: Tensor<'a, f32>,
+/// K and V as strided tensors of one element type (BSHD, BHSD, padded, broadcast: any
+/// strides). f32 rows with unit stride are read in place; f16/bf16 rows are converted block by
+/// block into the worker's buffers.
+pub(crate) struct StridedKv<'a, T> {
+    pub k: Tensor<'a, T>,
+    pub v: Tensor<'a, T>,
 }
 
-impl StridedKv<'_> {
+impl<T: Element> StridedKv<'_, T> {
     /// Element offset of row `j` of (batch, kv head) in `t`: inside the view's validated span
     /// because every index is inside its dims (callers pass keys `< n_kv` of a non-empty view).
     #[inline(always)]
-    fn row_offset(t: &Tensor<'_, f32>, at: KeyRange, j: usize) -> usize {
+    fn row_offset(t: &Tensor<'_, T>, at: KeyRange, j: usize) -> usize {
         let [sb, ss, sh, _] = t.strides();
         at.batch * sb + (at.j0 + j) * ss + at.kv_head * sh
     }
 }
 
-impl KvSource for StridedKv<'_> {
+impl<T: Element> KvSource for StridedKv<'_, T> {
     fn packs_keys(&self) -> bool {
-        self.k.strides()[3] != 1
+        self.k.strides()[3] != 1 || T::as_f32(&[]).is_none()
     }
 
     #[inline(always)]
@@ -80,15 +83,22 @@ impl KvSource for StridedKv<'_> {
         let data = self.k.data();
         let [_, ks_s, _, ks_d] = self.k.strides();
         if ks_d == 1 {
-            return Rows {
-                data: &data[Self::row_offset(&self.k, at, 0)..],
-                ld: ks_s,
-            };
+            if let Some(f) = T::as_f32(data) {
+                return Rows {
+                    data: &f[Self::row_offset(&self.k, at, 0)..],
+                    ld: ks_s,
+                };
+            }
         }
         for j in 0..at.len {
             let base = Self::row_offset(&self.k, at, j);
-            for (x, dst) in buf[j * d_k..(j + 1) * d_k].iter_mut().enumerate() {
-                *dst = data[base + x * ks_d];
+            let dst = &mut buf[j * d_k..(j + 1) * d_k];
+            if ks_d == 1 {
+                T::convert_to_f32(&data[base..base + d_k], dst);
+            } else {
+                for (x, d) in dst.iter_mut().enumerate() {
+                    *d = data[base + x * ks_d].to_f32();
+                }
             }
         }
         Rows { data: buf, ld: d_k }
@@ -98,8 +108,9 @@ impl KvSource for StridedKv<'_> {
     fn values_in_place(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_>> {
         let d_v = self.v.dims()[3];
         let [_, vs_s, _, vs_d] = self.v.strides();
+        let data = T::as_f32(self.v.data())?;
         (vs_d == 1 && d_v == d_v_pad && d_v > 0).then(|| Rows {
-            data: &self.v.data()[Self::row_offset(&self.v, at, 0)..],
+            data: &data[Self::row_offset(&self.v, at, 0)..],
             ld: vs_s,
         })
     }
@@ -116,10 +127,10 @@ impl KvSource for StridedKv<'_> {
             let base = Self::row_offset(&self.v, at, j);
             let row = &mut buf[j * d_v_pad..j * d_v_pad + d_v];
             if vs_d == 1 {
-                row.copy_from_slice(&data[base..base + d_v]);
+                T::convert_to_f32(&data[base..base + d_v], row);
             } else {
                 for (x, out) in row.iter_mut().enumerate() {
-                    *out = data[base + x * vs_d];
+                    *out = data[base + x * vs_d].to_f32();
                 }
             }
         }

@@ -18,6 +18,7 @@ mod kv;
 mod rows;
 mod scratch;
 
+use crate::element::Element;
 use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
@@ -31,13 +32,13 @@ use scratch::{Scratch, ScratchPool};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One work item run on the dispatched backend.
-struct ItemKernel<'a, 'c, KV> {
-    cx: &'a Ctx<'c, KV>,
+struct ItemKernel<'a, 'c, Q, KV> {
+    cx: &'a Ctx<'c, Q, KV>,
     item: &'a Item,
     scratch: &'a mut Scratch,
 }
 
-impl<KV: KvSource> Kernel for ItemKernel<'_, '_, KV> {
+impl<Q: Element, KV: KvSource> Kernel for ItemKernel<'_, '_, Q, KV> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
@@ -83,13 +84,13 @@ pub(crate) fn scratch_bytes(problem: &Problem<'_>, k_packed: bool) -> Result<usi
 }
 
 /// Computes attention for a validated problem with the fused kernel, K and V read from strided
-/// f32 tensors.
-pub(crate) fn run(
+/// tensors.
+pub(crate) fn run<Q: Element, KV: Element, O: Element>(
     problem: &Problem<'_>,
-    q: &Tensor<'_, f32>,
-    k: &Tensor<'_, f32>,
-    v: &Tensor<'_, f32>,
-    out: &mut TensorMut<'_, f32>,
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {
@@ -99,11 +100,11 @@ pub(crate) fn run(
 
 /// The driver, for any [`KvSource`]: schedules the work units on the current rayon pool, runs
 /// each through [`stream_item`], combines and writes the rows.
-fn run_source<KV: KvSource>(
+fn run_source<Q: Element, KV: KvSource, O: Element>(
     problem: &Problem<'_>,
-    q: &Tensor<'_, f32>,
+    q: &Tensor<'_, Q>,
     kv: KV,
-    out: &mut TensorMut<'_, f32>,
+    out: &mut TensorMut<'_, O>,
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {

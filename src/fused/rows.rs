@@ -3,6 +3,7 @@
 //! the same combine.
 
 use super::item::Item;
+use crate::element::Element;
 use crate::math::{exp2, log2};
 use crate::tensor::TensorMut;
 use std::f32::consts::{LN_2, LOG2_E};
@@ -37,8 +38,8 @@ fn combine_row(parts: &[Part<'_>], r: usize, d_vp: usize, acc: &mut [f32]) -> (f
 
 /// Combines the parts of `item` and writes each of its rows.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn finish_item(
-    writer: &RowWriter,
+pub(crate) fn finish_item<O: Element>(
+    writer: &RowWriter<O>,
     item: &Item,
     group: usize,
     d_vp: usize,
@@ -60,8 +61,8 @@ pub(crate) fn finish_item(
 ///
 /// Holds raw pointers because rows of one output view are written by different rayon workers:
 /// no safe borrow can split a strided view into per-row pieces.
-pub(crate) struct RowWriter {
-    out: *mut f32,
+pub(crate) struct RowWriter<O> {
+    out: *mut O,
     dims: [usize; 4],
     strides: [usize; 4],
     lse: *mut f32,
@@ -71,12 +72,12 @@ pub(crate) struct RowWriter {
 // SAFETY: the pointers come from `&mut` borrows that outlive the parallel loop, and every
 // element is written by exactly one work item (see `write_row`), so sharing the writer across
 // threads creates no data race.
-unsafe impl Send for RowWriter {}
+unsafe impl<O: Send> Send for RowWriter<O> {}
 // SAFETY: as above.
-unsafe impl Sync for RowWriter {}
+unsafe impl<O: Send> Sync for RowWriter<O> {}
 
-impl RowWriter {
-    pub fn new(out: &mut TensorMut<'_, f32>, lse: Option<&mut [f32]>) -> Self {
+impl<O: Element> RowWriter<O> {
+    pub fn new(out: &mut TensorMut<'_, O>, lse: Option<&mut [f32]>) -> Self {
         let (data, dims, strides) = out.raw_parts();
         let (lse, lse_len) = match lse {
             Some(l) => (l.as_mut_ptr(), l.len()),
@@ -95,7 +96,7 @@ impl RowWriter {
     /// unnormalized accumulator `o`, max `m` and sum `l` (log2 domain), with the attention
     /// sink `σ` (natural units) joining the denominator:
     /// `M = max(m, σ·log₂e)`, `L = l·2^(m−M) + 2^(σ·log₂e−M)`, `out = o·2^(m−M) / L`,
-    /// `lse = (M + log₂ L)·ln 2`. A row that saw no key (`l = 0`) gets exactly 0 and `lse = σ`
+    /// `lse = (M + log₂ L)·ln 2`; the output is rounded once to `O`. A row that saw no key (`l = 0`) gets exactly 0 and `lse = σ`
     /// (`−∞` without a sink), even if its accumulator caught a NaN through a zero weight.
     ///
     /// # Safety
@@ -137,7 +138,7 @@ impl RowWriter {
                 let value = if l == 0.0 { 0.0 } else { ox * inv };
                 // SAFETY: see the function's contract; the view is non-empty, so this index
                 // is inside its validated span.
-                unsafe { *self.out.add(base + x * self.strides[3]) = value };
+                unsafe { *self.out.add(base + x * self.strides[3]) = O::from_f32(value) };
             }
         }
         if !self.lse.is_null() {

@@ -627,7 +627,7 @@ pub fn check_rows(x: &Rows<'_>, stats: &mut Stats) {
                         0.0
                     };
                     let score =
-                        (scale.abs() * dot).min(cap) + x.opts.alibi_magnitude(i, h, j) + bias;
+                        (scale.abs() * dot).min(cap) + x.opts.alibi_magnitude(b, i, h, j) + bias;
                     largest_dot = largest_dot.max(dot);
                     largest = largest.max(score);
                 }

@@ -882,9 +882,11 @@ impl OptData {
             && (self.spec.mask.is_none() || self.mask.is_some())
     }
 
-    /// The diagonal's offset, `off`, if some option has a diagonal (computed without overflow).
-    fn offset(&self) -> i128 {
+    /// The diagonal's offset of batch `b`, `off_b`, if some option has a diagonal (computed
+    /// without overflow): bottom-right aligns each sequence at its own key length.
+    fn offset(&self, b: usize) -> i128 {
         let [_, n_q, _, n_kv] = self.want;
+        let n_kv = self.kv_lens.as_ref().map_or(n_kv, |l| l[b]);
         let s = &self.spec;
         let a = s
             .causal
@@ -901,7 +903,7 @@ impl OptData {
     /// row `i` of head `h`, from the crate's documented formulas (not its code).
     pub fn visible(&self, b: usize, i: usize, h: usize, j: usize) -> bool {
         let s = &self.spec;
-        let center = i as i128 + self.offset();
+        let center = i as i128 + self.offset(b);
         let j_ = j as i128;
         let bounded = |x: usize| (x <= i64::MAX as usize).then_some(x as i128);
         let right = if s.causal != CausalKind::None {
@@ -920,9 +922,9 @@ impl OptData {
     }
 
     /// `|slope_h · (i + off − j)|`, the magnitude of the ALiBi term (0 without ALiBi).
-    pub fn alibi_magnitude(&self, i: usize, h: usize, j: usize) -> f64 {
+    pub fn alibi_magnitude(&self, b: usize, i: usize, h: usize, j: usize) -> f64 {
         self.slopes.as_ref().map_or(0.0, |s| {
-            f64::from(s[h]).abs() * (i as i128 + self.offset() - j as i128).abs() as f64
+            f64::from(s[h]).abs() * (i as i128 + self.offset(b) - j as i128).abs() as f64
         })
     }
 

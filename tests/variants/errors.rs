@@ -74,7 +74,18 @@ impl Operands {
 #[test]
 fn invalid_softcap() {
     let ops = Operands::new();
-    for cap in [f32::NAN, -1.0, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY] {
+    // Also refused: subnormal caps (2/cap overflows) and caps whose cap·log₂e overflows.
+    for cap in [
+        f32::NAN,
+        -1.0,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        f32::MAX,
+        2.4e38,
+    ] {
         let e = ops.error(&Options::new().softcap(cap));
         match e {
             Error::InvalidSoftcap(c) => assert!(c.to_bits() == cap.to_bits(), "{c} vs {cap}"),
@@ -82,7 +93,7 @@ fn invalid_softcap() {
         }
     }
     ops.ok(&Options::new().softcap(f32::MIN_POSITIVE));
-    ops.ok(&Options::new().softcap(f32::MAX));
+    ops.ok(&Options::new().softcap(2.3e38));
 }
 
 #[test]
@@ -199,8 +210,8 @@ fn bias_and_mask_that_do_not_broadcast() {
         ([3, 1, 1, N_KV], Dim::Batch, B),
         ([1, N_Q - 1, 1, N_KV], Dim::Seq, N_Q),
         ([1, 1, 2, N_KV], Dim::Heads, H),
-        ([1, 1, 1, N_KV + 1], Dim::Dim, N_KV),
-        ([B, N_Q, H, N_KV - 1], Dim::Dim, N_KV),
+        ([1, 1, 1, N_KV + 1], Dim::HeadSize, N_KV),
+        ([B, N_Q, H, N_KV - 1], Dim::HeadSize, N_KV),
     ];
     for (dims, dim, expected) in cases {
         let got = dims[Dim::ALL.iter().position(|&d| d == dim).unwrap()];
@@ -233,7 +244,7 @@ fn bias_and_mask_that_do_not_broadcast() {
         ops.error(&Options::new().bias(bias)),
         Error::NotBroadcastable {
             operand: Operand::Bias,
-            dim: Dim::Dim,
+            dim: Dim::HeadSize,
             expected: N_KV,
             got: 0
         }

@@ -268,9 +268,9 @@ fn kv_lens_by_hand() {
 }
 
 #[test]
-fn kv_lens_with_causal_keeps_the_diagonal_at_n_kv() {
-    // n_q = 2, n_kv = 4, kv_lens = [3]. Bottom-right: off = n_kv − n_q = 2 (n_kv, not the
-    // length): row 0 sees j ≤ 2, row 1 sees j ≤ 3, both cut at j < 3.
+fn kv_lens_with_causal_aligns_each_sequence_at_its_length() {
+    // n_q = 2, n_kv = 4, kv_lens = [3]. Bottom-right: off = kv_lens[0] − n_q = 1 (the
+    // sequence's own length, not the buffer's): row 0 sees j ≤ 1, row 1 sees j ≤ 2.
     let q = [1.0f32, 1.0];
     let k = [0.2f32, -0.1, 0.4, 0.9];
     let v = [1.0f32, 2.0, 4.0, 8.0];
@@ -278,7 +278,7 @@ fn kv_lens_with_causal_keeps_the_diagonal_at_n_kv() {
     let vv = [1.0, 2.0, 4.0, 8.0];
     let lens = [3];
     let cases: [(Alignment, [&[usize]; 2]); 2] = [
-        (Alignment::BottomRight, [&[0, 1, 2], &[0, 1, 2]]),
+        (Alignment::BottomRight, [&[0, 1], &[0, 1, 2]]),
         (Alignment::TopLeft, [&[0], &[0, 1]]),
     ];
     for (align, keys) in cases {

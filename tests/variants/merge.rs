@@ -31,12 +31,16 @@ impl Explicit {
     fn new(c: &Case) -> Self {
         let [b, h, _, nq, nkv, ..] = c.dims;
         let dims = [b, nq, h, nkv];
-        let off = c.align.offset(nq, nkv) as f64;
+        // Bottom-right aligns each sequence at its own key length when there are key lengths.
+        let off = |bb: usize| {
+            let len = c.kv_lens.as_ref().map_or(nkv, |l| l[bb]);
+            c.align.offset(nq, len) as f64
+        };
         let bias = (c.alibi.is_some() || c.bias.is_some()).then(|| {
             Buf::from_fn(dims, Layout::Bshd, 0.0, |[bb, i, hh, j]| {
                 let mut x = 0.0f64;
                 if let Some(slopes) = &c.alibi {
-                    x -= f64::from(slopes[hh]) * (i as f64 + off - j as f64).abs();
+                    x -= f64::from(slopes[hh]) * (i as f64 + off(bb) - j as f64).abs();
                 }
                 if let Some(bias) = &c.bias {
                     x += f64::from(bias.at_broadcast([bb, i, hh, j]));
@@ -48,7 +52,7 @@ impl Explicit {
             Buf::from_fn(dims, Layout::Bshd, false, |[bb, i, hh, j]| {
                 // Row i sees key j iff j ≤ i + off (causal) and i + off − left ≤ j ≤
                 // i + off + right (window; usize::MAX = unbounded), and the mask says so.
-                let (center, j) = (i as f64 + off, j as f64);
+                let (center, j) = (i as f64 + off(bb), j as f64);
                 let mut visible = !c.causal || j <= center;
                 if let Some((left, right)) = c.window {
                     visible &= left == usize::MAX || j >= center - left as f64;

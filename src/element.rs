@@ -1,0 +1,142 @@
+//! Element types of Q, K/V and the output: `f32`, `half::f16`, `half::bf16`.
+//!
+//! Arithmetic is always f32 (scores, softmax, the output accumulator). Half-precision operands
+//! are converted where the kernel loads them — Q when it is packed once per work item, K and V
+//! rows block by block by the [`KvSource`](crate::fused) — never as a copy of the whole
+//! operand; the output is rounded once, at the end, to its type (round to nearest even;
+//! values beyond the type's range become ±∞, as IEEE rounding says: f16's largest finite value
+//! is 65504).
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A type Q, K, V or the output may hold: `f32`, [`half::f16`] or [`half::bf16`]. Sealed: the
+/// kernels know each of them.
+pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The type's name, for messages.
+    const NAME: &'static str;
+    /// Unit roundoff `u` (half an ulp at 1): `2⁻²⁴` for f32, `2⁻¹¹` for f16, `2⁻⁸` for bf16.
+    const UNIT_ROUNDOFF: f64;
+    /// The value as f32 (exact for all three types).
+    fn to_f32(self) -> f32;
+    /// The nearest value of this type (ties to even; ±∞ beyond its range; NaN stays NaN).
+    fn from_f32(x: f32) -> Self;
+    /// The value as f64 (exact).
+    fn to_f64(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+    /// The slice itself if this type is f32, so the kernels can read it in place.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// Converts `src` into `dst` (same length): `half`'s slice conversions, which use the CPU's
+    /// conversion instructions (F16C) where it has them.
+    fn convert_to_f32(src: &[Self], dst: &mut [f32]);
+}
+
+impl Element for f32 {
+    const NAME: &'static str = "f32";
+    const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 24) as f64;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
+    }
+    #[inline(always)]
+    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Element for f16 {
+    const NAME: &'static str = "f16";
+    const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 11) as f64;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl Element for bf16 {
+    const NAME: &'static str = "bf16";
+    const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 8) as f64;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    #[inline(always)]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
+        // bf16 → f32 is exact: the bits shifted into the high half.
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions_are_exact_and_round_to_nearest() {
+        let xs = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            1e-3,
+            3.140625,
+            f32::INFINITY,
+        ];
+        let mut out = [0.0f32; 8];
+        let h: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+        f16::convert_to_f32(&h, &mut out);
+        for (o, x) in out.iter().zip(&h) {
+            assert_eq!(o.to_bits(), x.to_f32().to_bits());
+        }
+        let b: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+        bf16::convert_to_f32(&b, &mut out);
+        for (o, x) in out.iter().zip(&b) {
+            assert_eq!(o.to_bits(), x.to_f32().to_bits());
+        }
+        // Beyond f16's range: ±∞ (IEEE rounding), not a saturated value.
+        assert_eq!(<f16 as Element>::from_f32(70000.0).to_f32(), f32::INFINITY);
+        assert_eq!(<f16 as Element>::from_f32(-1e6).to_f32(), f32::NEG_INFINITY);
+        assert!(<bf16 as Element>::from_f32(f32::NAN).to_f32().is_nan());
+        // Ties to even: 1 + 2⁻¹¹ is halfway between 1 and 1 + 2⁻¹⁰ in f16.
+        assert_eq!(<f16 as Element>::from_f32(1.0 + 1.0 / 2048.0).to_f32(), 1.0);
+    }
+}
