@@ -26,6 +26,11 @@
 //! # Ok::<(), sdpa::Error>(())
 //! ```
 //!
+//! ## Element types
+//! Q, K/V and the output each take `f32`, [`half::f16`] or [`half::bf16`] ([`Element`]); K and
+//! V share one type. Arithmetic is f32; half-precision inputs are converted where blocks are
+//! loaded, and the output is rounded once, at the end, to its type.
+//!
 //! ## Semantics
 //! Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
 //! `[B, n_q, H, d_v]`, any element strides. `H` must be a multiple of `H_kv`; query head `h`
