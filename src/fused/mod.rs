@@ -48,28 +48,91 @@ impl<Q: Element, KV: KvSource> Kernel for ItemKernel<'_, '_, Q, KV> {
 
 /// The work of one call: `items` (batch, kv head, query block) triples, each split into
 /// `splits` key ranges.
-struct Schedule {
+struct Schedule<'p> {
+    problem: &'p Problem<'p>,
     q_blocks: usize,
-    kv_heads: usize,
     splits: usize,
     q_rows: usize,
-    n_q: usize,
-    n_kv: usize,
 }
 
-impl Schedule {
-    /// Work unit `split` of item `index`.
-    fn item(&self, index: usize, split: usize) -> Item {
+impl<'p> Schedule<'p> {
+    /// Plans `problem` with `blocking`: the split count is shape-only (it depends on the
+    /// lengths and options, never on the threads), so results are bitwise identical for any
+    /// pool.
+    fn new(problem: &'p Problem<'p>, blocking: &Blocking) -> Self {
+        let q_blocks = problem.n_q.div_ceil(blocking.q_rows);
+        let mut sched = Schedule {
+            problem,
+            q_blocks,
+            splits: 1,
+            q_rows: blocking.q_rows,
+        };
+        let items = sched.items();
+        if blocking.kv_splits(problem.n_kv, items) > 1 {
+            // Few items (decode): split by the keys the rows can actually see — a 32k-token
+            // buffer holding 4k keys, or a 4k window over it, is split into ranges of its
+            // live keys, not of the buffer.
+            let live = (0..items)
+                .map(|index| {
+                    let (lo, hi) = sched.live_keys(index);
+                    hi - lo
+                })
+                .max()
+                .unwrap_or(0);
+            sched.splits = blocking.kv_splits(live, items);
+        }
+        sched
+    }
+
+    /// Work items: (batch, kv head, query block). Cannot overflow: the output view (or, with
+    /// d_v = 0, the LSE slice) holds one element per (batch, head, query row), at least as many.
+    fn items(&self) -> usize {
+        self.problem.batch * self.problem.kv_heads * self.q_blocks
+    }
+
+    /// (batch, kv head, first query row, query rows) of item `index`.
+    fn coords(&self, index: usize) -> (usize, usize, usize, usize) {
+        let p = self.problem;
         let q_block = index % self.q_blocks;
-        let kv_head = (index / self.q_blocks) % self.kv_heads;
-        let batch = index / (self.q_blocks * self.kv_heads);
+        let kv_head = (index / self.q_blocks) % p.kv_heads;
+        let batch = index / (self.q_blocks * p.kv_heads);
         let q_start = q_block * self.q_rows;
-        let (kv_start, kv_end) = split_range(split, self.splits, self.n_kv);
+        (batch, kv_head, q_start, self.q_rows.min(p.n_q - q_start))
+    }
+
+    /// The keys some row of item `index` can see (causal, window, key length): `[lo, hi)`,
+    /// empty as `(0, 0)`.
+    fn live_keys(&self, index: usize) -> (usize, usize) {
+        let (batch, _, q_start, q_len) = self.coords(index);
+        let mut union = (usize::MAX, 0);
+        for i in q_start..q_start + q_len {
+            let (lo, hi) = self.problem.visible_keys(batch, i);
+            if lo < hi {
+                union = (union.0.min(lo), union.1.max(hi));
+            }
+        }
+        if union.0 < union.1 {
+            union
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// Work unit `split` of item `index`: its share of the item's live keys.
+    fn item(&self, index: usize, split: usize) -> Item {
+        let (batch, kv_head, q_start, q_len) = self.coords(index);
+        let (kv_start, kv_end) = if self.splits == 1 {
+            (0, self.problem.n_kv)
+        } else {
+            let (lo, hi) = self.live_keys(index);
+            let (a, b) = split_range(split, self.splits, hi - lo);
+            (lo + a, lo + b)
+        };
         Item {
             batch,
             kv_head,
             q_start,
-            q_len: self.q_rows.min(self.n_q - q_start),
+            q_len,
             kv_start,
             kv_end,
         }
@@ -112,19 +175,8 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
         return Ok(());
     }
     let blocking = Blocking::for_problem(problem, geometry())?;
-    let q_blocks = problem.n_q.div_ceil(blocking.q_rows);
-    // Cannot overflow: the output view (or, with d_v = 0, the LSE slice) holds one element per
-    // (batch, head, query row), at least as many as items.
-    let items = problem.batch * problem.kv_heads * q_blocks;
-    let splits = blocking.kv_splits(problem.n_kv, items);
-    let sched = Schedule {
-        q_blocks,
-        kv_heads: problem.kv_heads,
-        splits,
-        q_rows: blocking.q_rows,
-        n_q: problem.n_q,
-        n_kv: problem.n_kv,
-    };
+    let sched = Schedule::new(problem, &blocking);
+    let (items, splits) = (sched.items(), sched.splits);
     let units = items * splits;
     let pool = ScratchPool::new(
         &blocking,
