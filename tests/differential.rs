@@ -12,23 +12,23 @@
 //! * `|lse_fused − lse_ref| ≤ Δ + θ + γ_n + u·|lse|`.
 //!
 //! Rows with no visible key must be exactly 0 with LSE exactly −∞ in both paths (see
-//! `common::assert_close_to_reference`).
+//! `support::harness::assert_close_to_reference`).
 //!
 //! The reference costs `O(n_q·n_kv·d)` scalar f64 work, so the full product of the grid is
 //! out of reach: each axis is covered completely by a sweep of its own (lengths, head sizes,
 //! GQA ratios, layouts, scales), and the combinations are sampled with fixed seeds under a
 //! fixed cost budget.
 
-mod common;
+mod support;
 
-use common::{
-    assert_close_to_reference, assert_views_close_to_reference, assert_within_bounds, bounds,
-    fused, reference, rng, Inputs, Layout, Shape, Views,
-};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use sdpa::{Alignment, Options, Tensor};
+use support::harness::{
+    assert_close_to_reference, assert_views_close_to_reference, assert_within_bounds, bounds,
+    fused, reference, rng, Inputs, Layout, Shape, Views,
+};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -46,7 +46,7 @@ impl Case {
     fn new(shape: Shape, opts: Options<'static>, seed: u64) -> Self {
         Case {
             shape,
-            layouts: [Layout::Bshd; 4],
+            layouts: [Layout::BSHD; 4],
             opts,
             q_range: 1.0,
             seed,
@@ -74,33 +74,23 @@ fn mask(m: usize) -> Options<'static> {
 /// larger than needed), a non-unit head-size stride, and sequence-major storage.
 fn input_layouts() -> [Layout; 7] {
     [
-        Layout::Bshd,
-        Layout::Bhsd,
+        Layout::BSHD,
+        Layout::BHSD,
         Layout::padded_bshd(1, 5),
         Layout::padded_bhsd(1, 3),
         Layout::padded_bshd(2, 0),
         Layout::padded_bhsd(3, 1),
-        Layout::Strided {
-            order: Layout::SBHD_ORDER,
-            step: 1,
-            pad: 2,
-            offset: 1,
-        },
+        Layout::strided(Layout::SBHD_ORDER, 1, 2, 1),
     ]
 }
 
 fn output_layouts() -> [Layout; 5] {
     [
-        Layout::Bshd,
-        Layout::Bhsd,
+        Layout::BSHD,
+        Layout::BHSD,
         Layout::padded_bshd(2, 3),
         Layout::padded_bhsd(1, 4),
-        Layout::Strided {
-            order: Layout::SBHD_ORDER,
-            step: 1,
-            pad: 1,
-            offset: 2,
-        },
+        Layout::strided(Layout::SBHD_ORDER, 1, 1, 2),
     ]
 }
 
@@ -350,7 +340,7 @@ fn broadcast_input_views() {
             k: Tensor::new(&k, [batch, n_kv, kv_heads, d], [0, d, 0, 1]).unwrap(),
             v: Tensor::new(&v, [batch, n_kv, kv_heads, d], [0, d, 0, 1]).unwrap(),
         };
-        let c = assert_views_close_to_reference(&views, Layout::Bshd, opts, "broadcast");
+        let c = assert_views_close_to_reference(&views, Layout::BSHD, opts, "broadcast");
         // Every batch and every head of a group computes the same thing.
         for b in 1..batch {
             assert_eq!(c.fused.row(b, 7, 1), c.fused.row(0, 7, 1), "mask {m}");
@@ -360,7 +350,7 @@ fn broadcast_input_views() {
             ..views
         };
         // Equal scores: every visible key weighs the same.
-        let c = assert_views_close_to_reference(&same_key, Layout::Bhsd, opts, "one key");
+        let c = assert_views_close_to_reference(&same_key, Layout::BHSD, opts, "one key");
         assert_eq!(c.empty_rows, 0);
     }
 }
@@ -389,7 +379,7 @@ fn keys_and_values_interleaved_in_one_buffer() {
             v: Tensor::new(&kv[1..], kv_dims, strides).unwrap(),
         };
         let label = format!("interleaved K/V, n_q {n_q} n_kv {n_kv} d {d}");
-        let c = assert_views_close_to_reference(&views, Layout::Bshd, &mask(m), &label);
+        let c = assert_views_close_to_reference(&views, Layout::BSHD, &mask(m), &label);
         eprintln!("{label}: worst error/bound {:.3e}", c.worst_ratio);
     }
 }
@@ -422,7 +412,7 @@ fn keys_and_values_side_by_side_in_a_kv_cache() {
             v: Tensor::new(&cache[d_k..], [batch, n_kv, kv_heads, d_v], strides).unwrap(),
         };
         let label = format!("KV cache, n_q {n_q} n_kv {n_kv} d_k {d_k} d_v {d_v}");
-        let c = assert_views_close_to_reference(&views, Layout::Bhsd, &mask(m), &label);
+        let c = assert_views_close_to_reference(&views, Layout::BHSD, &mask(m), &label);
         eprintln!("{label}: worst error/bound {:.3e}", c.worst_ratio);
     }
 }
@@ -533,11 +523,11 @@ fn the_bound_rejects_results_of_a_slightly_different_problem() {
         d_k: 32,
         d_v: 16,
     };
-    let inp = Inputs::random(shape, [Layout::Bshd; 3], 7000, 1.0);
+    let inp = Inputs::random(shape, [Layout::BSHD; 3], 7000, 1.0);
     let opts = Options::new().scale(0.2);
     let want = reference(&inp, &opts);
     let b = bounds(&inp, &opts);
-    let fails = |got: &common::Outputs| {
+    let fails = |got: &support::harness::Outputs| {
         std::panic::catch_unwind(|| assert_within_bounds(got, &want, &b, "perturbed")).is_err()
     };
     assert!(

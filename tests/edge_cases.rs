@@ -7,14 +7,14 @@
 //!   the key);
 //! * empty problems (`n_q = 0`, `batch = 0`, `d_v = 0`) are valid calls.
 
-mod common;
+mod support;
 
-use common::{
-    assert_close_to_reference, bounds, rng, run, Buf, Inputs, Layout, Outputs, Path, Shape,
-    OUTPUT_PAD_BITS,
-};
 use rand::Rng;
 use sdpa::{Alignment, Options, Tensor, TensorMut};
+use support::harness::{
+    assert_close_to_reference, bounds, rng, run, Buffer, Inputs, Layout, Outputs, Path, Shape,
+    OUTPUT_PAD_BITS,
+};
 
 fn masks() -> [Options<'static>; 3] {
     [
@@ -39,9 +39,9 @@ fn huge_logit_inputs(shape: Shape, seed: u64, signs_only: bool) -> Inputs {
             r.random_range(-100.0f32..100.0)
         }
     };
-    let q = Buf::from_fn(shape.q_dims(), Layout::Bshd, f32::NAN, &mut big);
-    let k = Buf::from_fn(shape.k_dims(), Layout::Bshd, f32::NAN, &mut big);
-    let v = Buf::random(&mut r, shape.v_dims(), Layout::Bshd, 1.0);
+    let q = Buffer::from_fn(shape.q_dims(), Layout::BSHD, f32::NAN, &mut big);
+    let k = Buffer::from_fn(shape.k_dims(), Layout::BSHD, f32::NAN, &mut big);
+    let v = Buffer::random(&mut r, shape.v_dims(), Layout::BSHD, 1.0);
     Inputs { q, k, v }
 }
 
@@ -62,7 +62,7 @@ fn logits_around_1e4_stay_finite_and_within_the_bound() {
                 let inp = huge_logit_inputs(shape, 10 * d as u64 + m as u64, signs_only);
                 let opts = opts.clone().scale(1.0);
                 let label = format!("d {d} mask {m} signs_only {signs_only}");
-                let c = assert_close_to_reference(&inp, Layout::Bshd, &opts, &label);
+                let c = assert_close_to_reference(&inp, Layout::BSHD, &opts, &label);
                 assert_eq!(c.empty_rows, 0);
                 for o in [&c.fused, &c.reference] {
                     assert!(
@@ -90,18 +90,18 @@ fn a_key_ahead_by_2e4_takes_all_the_weight_exactly() {
     // the output is that key's value bit for bit and the LSE is the score.
     let (n_kv, d_v) = (200, 7);
     for winner in [0, 1, 95, 96, 97, 199] {
-        let q = Buf::from_logical([1, 3, 1, 1], Layout::Bshd, &[100.0, 100.0, 100.0]);
-        let k = Buf::from_fn([1, n_kv, 1, 1], Layout::Bshd, f32::NAN, |[_, j, _, _]| {
+        let q = Buffer::from_logical([1, 3, 1, 1], Layout::BSHD, &[100.0, 100.0, 100.0]);
+        let k = Buffer::from_fn([1, n_kv, 1, 1], Layout::BSHD, f32::NAN, |[_, j, _, _]| {
             if j == winner {
                 100.0
             } else {
                 -100.0
             }
         });
-        let v = Buf::random(
+        let v = Buffer::random(
             &mut rng(winner as u64),
             [1, n_kv, 1, d_v],
-            Layout::Bshd,
+            Layout::BSHD,
             1.0,
         );
         let inp = Inputs { q, k, v };
@@ -126,15 +126,15 @@ fn a_key_ahead_by_2e4_takes_all_the_weight_exactly() {
 #[test]
 fn all_logits_equal_and_negative_1e4_give_the_mean_of_v() {
     let n_kv = 150;
-    let q = Buf::from_logical([1, 2, 1, 1], Layout::Bshd, &[100.0, -100.0]);
-    let k = Buf::from_fn([1, n_kv, 1, 1], Layout::Bshd, f32::NAN, |_| -100.0);
+    let q = Buffer::from_logical([1, 2, 1, 1], Layout::BSHD, &[100.0, -100.0]);
+    let k = Buffer::from_fn([1, n_kv, 1, 1], Layout::BSHD, f32::NAN, |_| -100.0);
     let inp = Inputs {
         q,
         k,
-        v: Buf::random(&mut rng(5), [1, n_kv, 1, 4], Layout::Bshd, 1.0),
+        v: Buffer::random(&mut rng(5), [1, n_kv, 1, 4], Layout::BSHD, 1.0),
     };
     let opts = Options::new().scale(1.0);
-    let c = assert_close_to_reference(&inp, Layout::Bshd, &opts, "equal logits");
+    let c = assert_close_to_reference(&inp, Layout::BSHD, &opts, "equal logits");
     for c_ in 0..4 {
         let mean: f64 = (0..n_kv)
             .map(|j| f64::from(inp.v.at([0, j, 0, c_])))
@@ -196,7 +196,7 @@ fn top_left_causal_with_more_queries_than_keys_leaves_no_row_empty() {
     };
     let inp = Inputs::random_bshd(shape, 20);
     let opts = Options::new().causal(Alignment::TopLeft);
-    let c = assert_close_to_reference(&inp, Layout::Bshd, &opts, "top-left n_q > n_kv");
+    let c = assert_close_to_reference(&inp, Layout::BSHD, &opts, "top-left n_q > n_kv");
     assert_eq!(c.empty_rows, 0);
     for path in Path::BOTH {
         let o = run(path, &inp, &opts);
@@ -258,9 +258,9 @@ fn no_keys_at_all_gives_zero_rows_and_minus_infinity() {
         };
         // K and V over empty slices.
         let mut inp = Inputs {
-            q: Buf::random(&mut rng(40), shape.q_dims(), Layout::Bshd, 1.0),
-            k: Buf::from_logical(shape.k_dims(), Layout::Bshd, &[]),
-            v: Buf::from_logical(shape.v_dims(), Layout::Bhsd, &[]),
+            q: Buffer::random(&mut rng(40), shape.q_dims(), Layout::BSHD, 1.0),
+            k: Buffer::from_logical(shape.k_dims(), Layout::BSHD, &[]),
+            v: Buffer::from_logical(shape.v_dims(), Layout::BHSD, &[]),
         };
         inp.k.data.clear();
         inp.v.data.clear();
@@ -268,7 +268,7 @@ fn no_keys_at_all_gives_zero_rows_and_minus_infinity() {
             let o = run(path, &inp, &opts);
             assert_empty_rows(&o, |_| true, &format!("{path:?} n_kv = 0, mask {m}"));
         }
-        let c = assert_close_to_reference(&inp, Layout::Bhsd, &opts, "n_kv = 0");
+        let c = assert_close_to_reference(&inp, Layout::BHSD, &opts, "n_kv = 0");
         assert_eq!(c.empty_rows, shape.batch * shape.heads * shape.n_q);
         assert!(c.bounds.iter().all(|b| b.out == 0.0 && b.lse == 0.0));
     }
@@ -341,7 +341,7 @@ fn sees(
     (b0, j0, hk0): (usize, usize, usize),
 ) -> bool {
     let group = GQA.heads / GQA.kv_heads;
-    let (lo, hi) = common::visible(opts, GQA.n_q, GQA.n_kv, i);
+    let (lo, hi) = support::harness::visible(opts, GQA.n_q, GQA.n_kv, i);
     b == b0 && h / group == hk0 && (lo..hi).contains(&j0)
 }
 
@@ -501,7 +501,7 @@ fn zero_value_head_size_is_ok_and_still_gives_the_lse() {
             d_v: 0,
         };
         let inp = Inputs::random_bshd(shape, 92);
-        let c = assert_close_to_reference(&inp, Layout::Bshd, &opts, &format!("d_v = 0, {m}"));
+        let c = assert_close_to_reference(&inp, Layout::BSHD, &opts, &format!("d_v = 0, {m}"));
         assert!(c.fused.out.is_empty());
         assert!(c.fused.lse.iter().all(|x| x.is_finite()));
         // Without an LSE there is nothing to compute at all.
@@ -556,15 +556,10 @@ fn output_padding_is_never_written() {
     };
     let inp = Inputs::random_bshd(shape, 93);
     for opts in masks() {
-        let layout = Layout::Strided {
-            order: Layout::BHSD_ORDER,
-            step: 3,
-            pad: 2,
-            offset: 4,
-        };
+        let layout = Layout::strided(Layout::BHSD_ORDER, 3, 2, 4);
         let c = assert_close_to_reference(&inp, layout, &opts, "dense output padding");
         assert_eq!(c.empty_rows, 0);
-        let probe = Buf::output(shape.out_dims(), layout);
+        let probe = Buffer::output(shape.out_dims(), layout);
         let padding = probe
             .data
             .iter()

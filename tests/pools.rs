@@ -51,7 +51,7 @@ fn buffer(dims: [usize; 4], layout: Layout, seed: u64, range: f32) -> Buffer {
 
 impl Problem {
     fn new(name: &'static str, shape: Shape, opts: Opts, k_layout: Layout, seed: u64) -> Problem {
-        let (b, h, n_kv) = (shape.batch, shape.heads(), shape.n_kv);
+        let (b, h, n_kv) = (shape.batch, shape.heads, shape.n_kv);
         Problem {
             name,
             shape,
@@ -83,7 +83,7 @@ impl Problem {
     fn run(&self) -> Bits {
         let s = self.shape;
         let mut out = Buffer::new(s.out_dims(), &Layout::BSHD, true, SENTINEL);
-        let mut lse = vec![f32::from_bits(SENTINEL); s.batch * s.heads() * s.n_q];
+        let mut lse = vec![f32::from_bits(SENTINEL); s.batch * s.heads * s.n_q];
         let (q, k, v) = (self.q.view(), self.k.view(), self.v.view());
         sdpa::attention_lse(&q, &k, &v, &mut out.view_mut(), &mut lse, &self.options()).unwrap();
         (

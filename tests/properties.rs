@@ -9,13 +9,13 @@
 //! * only `scale · Q` matters: `(c·Q, scale / c)` is the same problem;
 //! * the storage layout does not matter (bit for bit).
 
-mod common;
+mod support;
 
-use common::{
-    bounds, fused, gamma, rng, run, run_with, visible, Buf, Inputs, Layout, Outputs, Path, Shape,
-};
 use rand::seq::SliceRandom;
 use sdpa::{Alignment, Options};
+use support::harness::{
+    bounds, fused, gamma, rng, run, run_with, visible, Buffer, Inputs, Layout, Outputs, Path, Shape,
+};
 
 /// Shapes with `n_kv` small enough that V = identity fits (`d_v = n_kv`).
 fn shapes() -> Vec<Shape> {
@@ -48,8 +48,8 @@ fn masks() -> [Options<'static>; 3] {
 
 /// Random Q and K (Q in `[-q_range, q_range)`), V = identity: `v[b, j, h, c] = [j == c]`.
 fn identity_v_inputs(shape: Shape, seed: u64, q_range: f32) -> Inputs {
-    let mut inp = Inputs::random(shape, [Layout::Bshd; 3], seed, q_range);
-    inp.v = Buf::from_fn(shape.v_dims(), Layout::Bshd, f32::NAN, |[_, j, _, c]| {
+    let mut inp = Inputs::random(shape, [Layout::BSHD; 3], seed, q_range);
+    inp.v = Buffer::from_fn(shape.v_dims(), Layout::BSHD, f32::NAN, |[_, j, _, c]| {
         if j == c {
             1.0
         } else {
@@ -126,7 +126,7 @@ fn outputs_lie_between_the_visible_values() {
         shape.d_v = [5, 16, 33][n % 3];
         for (m, opts) in masks().iter().enumerate() {
             for q_range in [1.0, 8.0, 30.0] {
-                let inp = Inputs::random(shape, [Layout::Bshd; 3], 200 + n as u64, q_range);
+                let inp = Inputs::random(shape, [Layout::BSHD; 3], 200 + n as u64, q_range);
                 for path in Path::BOTH {
                     let o = run(path, &inp, opts);
                     for b in 0..shape.batch {
@@ -177,11 +177,11 @@ fn outputs_lie_between_the_visible_values() {
 fn permuting_query_rows_permutes_output_rows() {
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 24;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 300 + n as u64, 2.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 300 + n as u64, 2.0);
         let mut perm: Vec<usize> = (0..shape.n_q).collect();
         perm.shuffle(&mut rng(301 + n as u64));
         let mut permuted = inp.clone();
-        permuted.q = Buf::from_fn(shape.q_dims(), Layout::Bshd, f32::NAN, |[b, i, h, c]| {
+        permuted.q = Buffer::from_fn(shape.q_dims(), Layout::BSHD, f32::NAN, |[b, i, h, c]| {
             inp.q.at([b, perm[i], h, c])
         });
         let opts = Options::new();
@@ -214,14 +214,14 @@ fn permuting_keys_with_values_changes_nothing_beyond_rounding() {
     // it does not depend on the key order), so they are within twice the bound of each other.
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 19;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 400 + n as u64, 3.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 400 + n as u64, 3.0);
         let mut perm: Vec<usize> = (0..shape.n_kv).collect();
         perm.shuffle(&mut rng(401 + n as u64));
         let mut permuted = inp.clone();
-        permuted.k = Buf::from_fn(shape.k_dims(), Layout::Bshd, f32::NAN, |[b, j, h, c]| {
+        permuted.k = Buffer::from_fn(shape.k_dims(), Layout::BSHD, f32::NAN, |[b, j, h, c]| {
             inp.k.at([b, perm[j], h, c])
         });
-        permuted.v = Buf::from_fn(shape.v_dims(), Layout::Bshd, f32::NAN, |[b, j, h, c]| {
+        permuted.v = Buffer::from_fn(shape.v_dims(), Layout::BSHD, f32::NAN, |[b, j, h, c]| {
             inp.v.at([b, perm[j], h, c])
         });
         let opts = Options::new();
@@ -260,7 +260,7 @@ fn causal_row_that_sees_one_key_is_exactly_that_value() {
     // One key: its weight is exp(0) / exp(0) = 1 exactly, so the output is v₀ bit for bit.
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 21;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 500 + n as u64, 4.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 500 + n as u64, 4.0);
         let mut cases = vec![(Options::new().causal(Alignment::TopLeft), 0)];
         if shape.n_q >= shape.n_kv {
             let row = shape.n_q - shape.n_kv;
@@ -291,12 +291,12 @@ fn causal_row_that_sees_one_key_is_exactly_that_value() {
 fn scaling_q_by_a_power_of_two_and_scale_by_its_inverse_changes_no_bit() {
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 16;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 600 + n as u64, 2.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 600 + n as u64, 2.0);
         let default_scale = 1.0 / (shape.d_k as f32).sqrt();
         for opts in masks() {
             for c in [4.0f32, 0.5, 1024.0] {
                 let mut scaled = inp.clone();
-                scaled.q = Buf::from_fn(shape.q_dims(), Layout::Bshd, f32::NAN, |idx| {
+                scaled.q = Buffer::from_fn(shape.q_dims(), Layout::BSHD, f32::NAN, |idx| {
                     inp.q.at(idx) * c
                 });
                 let scaled_opts = opts.clone().scale(default_scale / c);
@@ -318,12 +318,12 @@ fn scaling_q_by_three_and_scale_by_a_third_stays_within_the_bound() {
     // are within the sum of the two bounds.
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 16;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 700 + n as u64, 2.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 700 + n as u64, 2.0);
         let s = 0.3f32;
         for opts in masks() {
             for c in [3.0f32, 0.7] {
                 let mut scaled = inp.clone();
-                scaled.q = Buf::from_fn(shape.q_dims(), Layout::Bshd, f32::NAN, |idx| {
+                scaled.q = Buffer::from_fn(shape.q_dims(), Layout::BSHD, f32::NAN, |idx| {
                     inp.q.at(idx) * c
                 });
                 let base_opts = opts.clone().scale(s);
@@ -363,7 +363,7 @@ fn scaling_q_by_three_and_scale_by_a_third_stays_within_the_bound() {
 #[test]
 fn the_storage_layout_does_not_change_a_bit() {
     let layouts = [
-        [Layout::Bhsd, Layout::Bhsd, Layout::Bhsd, Layout::Bhsd],
+        [Layout::BHSD, Layout::BHSD, Layout::BHSD, Layout::BHSD],
         [
             Layout::padded_bshd(1, 7),
             Layout::padded_bhsd(3, 2),
@@ -371,25 +371,15 @@ fn the_storage_layout_does_not_change_a_bit() {
             Layout::padded_bhsd(2, 5),
         ],
         [
-            Layout::Strided {
-                order: Layout::SBHD_ORDER,
-                step: 1,
-                pad: 4,
-                offset: 1,
-            },
-            Layout::Bhsd,
-            Layout::Strided {
-                order: Layout::SBHD_ORDER,
-                step: 3,
-                pad: 0,
-                offset: 2,
-            },
+            Layout::strided(Layout::SBHD_ORDER, 1, 4, 1),
+            Layout::BHSD,
+            Layout::strided(Layout::SBHD_ORDER, 3, 0, 2),
             Layout::padded_bshd(1, 9),
         ],
     ];
     for (n, mut shape) in shapes().into_iter().enumerate() {
         shape.d_v = 20;
-        let base = Inputs::random(shape, [Layout::Bshd; 3], 800 + n as u64, 2.0);
+        let base = Inputs::random(shape, [Layout::BSHD; 3], 800 + n as u64, 2.0);
         for opts in masks() {
             for path in Path::BOTH {
                 let want = run(path, &base, &opts);
@@ -421,17 +411,17 @@ fn grouped_query_heads_equal_repeated_key_value_heads() {
         }
         shape.d_v = 16;
         let group = shape.heads / shape.kv_heads;
-        let inp = Inputs::random(shape, [Layout::Bshd; 3], 900 + n as u64, 2.0);
+        let inp = Inputs::random(shape, [Layout::BSHD; 3], 900 + n as u64, 2.0);
         let wide = Shape {
             kv_heads: shape.heads,
             ..shape
         };
         let repeated = Inputs {
             q: inp.q.clone(),
-            k: Buf::from_fn(wide.k_dims(), Layout::Bshd, f32::NAN, |[b, j, h, c]| {
+            k: Buffer::from_fn(wide.k_dims(), Layout::BSHD, f32::NAN, |[b, j, h, c]| {
                 inp.k.at([b, j, h / group, c])
             }),
-            v: Buf::from_fn(wide.v_dims(), Layout::Bshd, f32::NAN, |[b, j, h, c]| {
+            v: Buffer::from_fn(wide.v_dims(), Layout::BSHD, f32::NAN, |[b, j, h, c]| {
                 inp.v.at([b, j, h / group, c])
             }),
         };
@@ -463,8 +453,8 @@ fn grouped_query_heads_equal_repeated_key_value_heads() {
     }
 }
 
-fn relayout(buf: &Buf, layout: Layout) -> Buf {
-    Buf::from_fn(buf.dims, layout, f32::NAN, |idx| buf.at(idx))
+fn relayout(buf: &Buffer, layout: Layout) -> Buffer {
+    Buffer::from_fn(buf.dims, layout, f32::NAN, |idx| buf.at(idx))
 }
 
 fn bits(xs: &[f32]) -> Vec<u32> {
@@ -490,7 +480,7 @@ fn lse_is_the_log_of_the_softmax_denominator_at_b_h_i() {
         d_k: 12,
         d_v: 5,
     };
-    let inp = Inputs::random(shape, [Layout::Bhsd, Layout::Bshd, Layout::Bshd], 1000, 3.0);
+    let inp = Inputs::random(shape, [Layout::BHSD, Layout::BSHD, Layout::BSHD], 1000, 3.0);
     let group = shape.heads / shape.kv_heads;
     for opts in masks() {
         // The default scale, 1/√d_k, as the f32 the call uses.

@@ -6,10 +6,12 @@
 //! article's 3-decimal numbers, and agree with the weights and outputs computed here in f64
 //! straight from the formula `softmax(q_i·K / √2) · V`.
 
-mod common;
+mod support;
 
-use common::{assert_close_to_reference, bounds, run, Buf, Inputs, Layout, Outputs, Path};
 use sdpa::{Alignment, Options};
+use support::harness::{
+    assert_close_to_reference, bounds, run, Buffer, Inputs, Layout, Outputs, Path,
+};
 
 const QK: [[f32; 2]; 3] = [[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]];
 const V: [[f32; 2]; 3] = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]];
@@ -26,9 +28,9 @@ const OUTPUTS_3DP: [[f64; 2]; 3] = [[0.599, 0.599], [0.497, 0.752], [0.599, 0.80
 fn inputs<const D: usize>(values: &[[f32; D]; 3], layout: Layout) -> Inputs {
     let flat = |m: &[[f32; 2]; 3]| m.concat();
     Inputs {
-        q: Buf::from_logical([1, 3, 1, 2], layout, &flat(&QK)),
-        k: Buf::from_logical([1, 3, 1, 2], layout, &flat(&QK)),
-        v: Buf::from_logical([1, 3, 1, D], layout, &values.concat()),
+        q: Buffer::from_logical([1, 3, 1, 2], layout, &flat(&QK)),
+        k: Buffer::from_logical([1, 3, 1, 2], layout, &flat(&QK)),
+        v: Buffer::from_logical([1, 3, 1, D], layout, &values.concat()),
     }
 }
 
@@ -118,7 +120,7 @@ fn assert_exact(path: Path, got: impl Into<f64>, want: f64, bound: f64, what: &s
 
 #[test]
 fn weights_by_both_paths() {
-    let inp = inputs(&IDENTITY, Layout::Bshd);
+    let inp = inputs(&IDENTITY, Layout::BSHD);
     let opts = Options::new();
     let (w, lse) = exact_weights();
     let b = bounds(&inp, &opts);
@@ -144,12 +146,12 @@ fn weights_by_both_paths() {
             );
         }
     }
-    assert_close_to_reference(&inp, Layout::Bshd, &opts, "worked example, V = I");
+    assert_close_to_reference(&inp, Layout::BSHD, &opts, "worked example, V = I");
 }
 
 #[test]
 fn outputs_by_both_paths() {
-    let inp = inputs(&V, Layout::Bshd);
+    let inp = inputs(&V, Layout::BSHD);
     let opts = Options::new();
     let o_exact = exact_outputs();
     let b = bounds(&inp, &opts);
@@ -163,12 +165,12 @@ fn outputs_by_both_paths() {
             }
         }
     }
-    assert_close_to_reference(&inp, Layout::Bshd, &opts, "worked example");
+    assert_close_to_reference(&inp, Layout::BSHD, &opts, "worked example");
 }
 
 #[test]
 fn explicit_scale_one_over_sqrt2_is_the_default() {
-    let inp = inputs(&V, Layout::Bshd);
+    let inp = inputs(&V, Layout::BSHD);
     for path in Path::BOTH {
         let default = run(path, &inp, &Options::new());
         let explicit = run(path, &inp, &Options::new().scale(1.0 / 2f32.sqrt()));
@@ -180,9 +182,9 @@ fn explicit_scale_one_over_sqrt2_is_the_default() {
 fn the_example_in_other_layouts_gives_the_same_bits() {
     let opts = Options::new();
     for path in Path::BOTH {
-        let want = run(path, &inputs(&V, Layout::Bshd), &opts);
+        let want = run(path, &inputs(&V, Layout::BSHD), &opts);
         for layout in [
-            Layout::Bhsd,
+            Layout::BHSD,
             Layout::padded_bshd(1, 3),
             Layout::padded_bhsd(2, 1),
         ] {
@@ -196,7 +198,7 @@ fn the_example_in_other_layouts_gives_the_same_bits() {
 fn causal_example() {
     // Row 0 sees key 0 only: exactly v₀. Row 1 sees keys 0 and 1 with scores 1/√2 and 2/√2.
     // Row 2 sees everything: the unmasked result. (n_q = n_kv: both alignments agree.)
-    let inp = inputs(&V, Layout::Bshd);
+    let inp = inputs(&V, Layout::BSHD);
     let e = (1.0 / 2f64.sqrt()).exp();
     let w1 = [e / (e + e * e), e * e / (e + e * e)];
     // v₀ = [1, 0] and v₁ = [0, 1]: row 1's output is its two weights.
@@ -222,7 +224,7 @@ fn causal_example() {
                 );
             }
         }
-        assert_close_to_reference(&inp, Layout::Bshd, &opts, "causal worked example");
+        assert_close_to_reference(&inp, Layout::BSHD, &opts, "causal worked example");
     }
 }
 

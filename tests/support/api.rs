@@ -976,6 +976,7 @@ fn check_calls(
         return; // refused a wide option value (checked in `run`)
     }
     let buffer = |data: Vec<f32>, dims, strides| Buffer {
+        start: 0,
         data,
         dims,
         strides,
@@ -1001,8 +1002,8 @@ fn check_calls(
     };
     let shape = Shape {
         batch,
+        heads,
         kv_heads,
-        group: heads / kv_heads,
         n_q,
         n_kv,
         d_k,

@@ -59,8 +59,8 @@ pub struct Shape {
     pub batch: usize,
     /// `H_kv`.
     pub kv_heads: usize,
-    /// Query heads per key/value head (`H = kv_heads · group`).
-    pub group: usize,
+    /// `H`, query heads (a positive multiple of `kv_heads`).
+    pub heads: usize,
     /// Query rows.
     pub n_q: usize,
     /// Keys.
@@ -124,8 +124,8 @@ impl Shape {
         assert!(kv_heads > 0 && heads.is_multiple_of(kv_heads));
         Shape {
             batch,
+            heads,
             kv_heads,
-            group: heads / kv_heads,
             n_q,
             n_kv,
             d_k,
@@ -140,7 +140,7 @@ impl Shape {
 
     /// Q's dims `[B, n_q, H, d_k]`.
     pub fn q_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_q, self.heads(), self.d_k]
+        [self.batch, self.n_q, self.heads, self.d_k]
     }
 
     /// K's dims `[B, n_kv, H_kv, d_k]`.
@@ -155,17 +155,22 @@ impl Shape {
 
     /// The output's dims `[B, n_q, H, d_v]`.
     pub fn out_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_q, self.heads(), self.d_v]
+        [self.batch, self.n_q, self.heads, self.d_v]
     }
 
-    /// Query heads.
-    pub fn heads(&self) -> usize {
-        self.kv_heads * self.group
+    /// Query heads per key/value head.
+    pub const fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Rough cost of the reference plus `error_bounds` (f64 multiply-adds).
+    pub fn reference_cost(&self) -> usize {
+        self.batch * self.heads * self.n_q.max(1) * self.n_kv.max(1) * 2 * (self.d_k + self.d_v)
     }
 
     /// `B · H · n_q · n_kv · (d_k + d_v)`.
     pub fn work(&self) -> usize {
-        self.batch * self.heads() * self.n_q * self.n_kv * (self.d_k + self.d_v)
+        self.batch * self.heads * self.n_q * self.n_kv * (self.d_k + self.d_v)
     }
 
     /// The shape, shrunk until [`Shape::work`] ≤ [`WORK_BUDGET`]: the longer sequence by a
@@ -180,10 +185,11 @@ impl Shape {
                 }
             } else if self.batch > 1 {
                 self.batch -= 1;
-            } else if self.group > 1 {
-                self.group -= 1;
+            } else if self.group() > 1 {
+                self.heads -= self.kv_heads;
             } else if self.kv_heads > 1 {
                 self.kv_heads -= 1;
+                self.heads = self.kv_heads;
             } else {
                 self.n_q = self.n_q.min(4);
                 self.n_kv = self.n_kv.min(4);
@@ -207,8 +213,8 @@ impl Shape {
         };
         Ok(Shape {
             batch,
+            heads: kv_heads * group,
             kv_heads,
-            group,
             n_q,
             n_kv,
             d_k,
@@ -220,7 +226,7 @@ impl Shape {
     pub fn encode(&self, w: &mut Writer) {
         w.pick(self.batch, &BATCHES);
         w.urange(self.kv_heads, 1, 4);
-        w.urange(self.group, 1, 8);
+        w.urange(self.group(), 1, 8);
         write_seq_len(w, self.n_q);
         write_seq_len(w, self.n_kv);
         write_head_dim(w, self.d_k);
@@ -357,7 +363,7 @@ pub fn inputs(shape: &Shape, layouts: &[Layout; 4], values: &Values) -> Inputs {
         d_v,
         ..
     } = *shape;
-    let (h, hk) = (shape.heads(), shape.kv_heads);
+    let (h, hk) = (shape.heads, shape.kv_heads);
     let mut bufs = [
         Buffer::new([b, n_q, h, d_k], &layouts[0], false, POISON),
         Buffer::new([b, n_kv, hk, d_k], &layouts[1], false, POISON),
@@ -418,7 +424,7 @@ pub fn check(case: &DiffCase) -> Stats {
     let Shape {
         batch: b, n_q, d_v, ..
     } = shape;
-    let h = shape.heads();
+    let h = shape.heads;
     let inp = inputs(&shape, &case.layouts, &case.values);
     let opt_data = case.opts.materialize(b, n_q, h, shape.n_kv);
     let opts = opt_data.options();
@@ -574,11 +580,11 @@ fn within(a: f32, b: f32, bound: f64) -> bool {
 pub fn check_rows(x: &Rows<'_>, stats: &mut Stats) {
     let s = x.shape;
     let (q, k, v) = (&x.inputs.q, &x.inputs.k, &x.inputs.v);
-    let h_all = s.heads();
+    let h_all = s.heads;
     let scale = f64::from(x.opts.spec.effective_scale(s.d_k));
     for b in 0..s.batch {
         for h in 0..h_all {
-            let hk = h / s.group;
+            let hk = h / s.group();
             let sink = x.opts.sink(h);
             for i in 0..s.n_q {
                 let r = (b * h_all + h) * s.n_q + i;

@@ -44,6 +44,9 @@ pub struct Layout {
     pub tail: u8,
     /// Bit `d` set: stride 0 on dim `d` (Broadcast).
     pub broadcast: u8,
+    /// Elements of the slice before the view's first element (hand-made layouts; the decoded
+    /// ones start at 0).
+    pub offset: u8,
 }
 
 impl Layout {
@@ -54,6 +57,7 @@ impl Layout {
         pad: [0; 4],
         tail: 0,
         broadcast: 0,
+        offset: 0,
     };
 
     /// Contiguous BHSD.
@@ -73,7 +77,38 @@ impl Layout {
             pad,
             tail,
             broadcast: 0,
+            offset: 0,
         }
+    }
+
+    /// Storage order batch, seq, heads, dim.
+    pub const BSHD_ORDER: [usize; 4] = [0, 1, 2, 3];
+    /// Storage order batch, heads, seq, dim.
+    pub const BHSD_ORDER: [usize; 4] = [0, 2, 1, 3];
+    /// Storage order seq, batch, heads, dim ("time-major").
+    pub const SBHD_ORDER: [usize; 4] = [1, 0, 2, 3];
+
+    /// Logical dims stored in `order` (outermost first): the innermost one at stride `step`,
+    /// each further level `pad` elements wider than it needs, `pad` more elements after the
+    /// view, the view starting `offset` elements into the slice.
+    pub fn strided(order: [usize; 4], step: usize, pad: usize, offset: usize) -> Layout {
+        let byte = |x: usize| u8::try_from(x).expect("a small layout parameter");
+        let mut pads = [byte(pad); 4];
+        pads[order[3]] = byte(step - 1);
+        Layout {
+            offset: byte(offset),
+            ..Layout::padded(order, pads, byte(pad))
+        }
+    }
+
+    /// BSHD with every row and level padded, head-size elements `step` apart, 5 elements in.
+    pub fn padded_bshd(step: usize, pad: usize) -> Layout {
+        Layout::strided(Self::BSHD_ORDER, step, pad, 5)
+    }
+
+    /// BHSD with every row and level padded, head-size elements `step` apart, 3 elements in.
+    pub fn padded_bhsd(step: usize, pad: usize) -> Layout {
+        Layout::strided(Self::BHSD_ORDER, step, pad, 3)
     }
 
     /// BSHD with head-dim stride `stride` (2–4).
@@ -141,7 +176,8 @@ impl Layout {
         }
     }
 
-    /// Strides and slice length for logical `dims`; `writable` ignores broadcasting.
+    /// Strides and slice length (offset included) for logical `dims`; `writable` ignores
+    /// broadcasting.
     pub fn storage(&self, dims: [usize; 4], writable: bool) -> ([usize; 4], usize) {
         let (order, pad, tail) = match self.kind {
             LayoutKind::Bshd | LayoutKind::Broadcast => ([0, 1, 2, 3], [0; 4], 0),
@@ -176,7 +212,7 @@ impl Layout {
                 .sum::<usize>()
                 + 1
         };
-        (strides, len + usize::from(tail))
+        (strides, usize::from(self.offset) + len + usize::from(tail))
     }
 }
 
@@ -207,55 +243,119 @@ pub fn indices(dims: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
     })
 }
 
-/// One operand's storage: the slice, its logical dims and strides.
+/// One operand's storage: the slice, where the view starts in it, its logical dims and strides.
+/// Elements are `f32` for Q, K, V and outputs, `bool` for masks.
 #[derive(Debug, Clone)]
-pub struct Buffer {
+pub struct Buffer<T = f32> {
     /// The whole slice, gaps included.
-    pub data: Vec<f32>,
+    pub data: Vec<T>,
+    /// Index in `data` of the view's first element.
+    pub start: usize,
     /// Logical dims `[batch, seq, heads, dim]`.
     pub dims: [usize; 4],
     /// Element strides.
     pub strides: [usize; 4],
 }
 
-impl Buffer {
+impl Buffer<f32> {
     /// A slice for `dims` in `layout`, every element set to the NaN with bits `fill`.
     pub fn new(dims: [usize; 4], layout: &Layout, writable: bool, fill: u32) -> Buffer {
+        Buffer::filled(dims, layout, writable, f32::from_bits(fill))
+    }
+
+    /// Largest magnitude of the logical elements.
+    pub fn max_abs(&self) -> f64 {
+        indices(self.dims).fold(0.0f64, |m, i| m.max(f64::from(self.at(i)).abs()))
+    }
+}
+
+impl<T: Copy> Buffer<T> {
+    /// A slice for `dims` in `layout`, every element `fill`.
+    pub fn filled(dims: [usize; 4], layout: &Layout, writable: bool, fill: T) -> Buffer<T> {
         let (strides, len) = layout.storage(dims, writable);
         Buffer {
-            data: vec![f32::from_bits(fill); len],
+            data: vec![fill; len],
+            start: layout.offset.into(),
             dims,
             strides,
         }
     }
 
+    /// Logical element `index` is `f(index)` (in row-major order), every other element `pad`.
+    pub fn from_fn(
+        dims: [usize; 4],
+        layout: Layout,
+        pad: T,
+        mut f: impl FnMut([usize; 4]) -> T,
+    ) -> Buffer<T> {
+        let mut buf = Buffer::filled(dims, &layout, true, pad);
+        for i in indices(dims) {
+            let x = f(i);
+            buf.set(i, x);
+        }
+        buf
+    }
+
+    /// Contiguous BSHD holding `values` in logical order.
+    pub fn bshd(dims: [usize; 4], values: &[T]) -> Buffer<T> {
+        assert_eq!(values.len(), dims.iter().product::<usize>());
+        Buffer {
+            data: values.to_vec(),
+            start: 0,
+            dims,
+            strides: Layout::BSHD.storage(dims, true).0,
+        }
+    }
+
+    /// Position in `data` of a logical index.
+    pub fn position(&self, index: [usize; 4]) -> usize {
+        self.start + offset(index, self.strides)
+    }
+
     /// The element at a logical index.
-    pub fn at(&self, index: [usize; 4]) -> f32 {
-        self.data[offset(index, self.strides)]
+    pub fn at(&self, index: [usize; 4]) -> T {
+        self.data[self.position(index)]
+    }
+
+    /// Element `index` of the view broadcast to a larger shape (dims of size 1 repeat).
+    pub fn at_broadcast(&self, index: [usize; 4]) -> T {
+        self.at(std::array::from_fn(|a| {
+            if self.dims[a] == 1 {
+                0
+            } else {
+                index[a]
+            }
+        }))
     }
 
     /// Sets the element at a logical index.
-    pub fn set(&mut self, index: [usize; 4], x: f32) {
-        let o = offset(index, self.strides);
-        self.data[o] = x;
+    pub fn set(&mut self, index: [usize; 4], x: T) {
+        let p = self.position(index);
+        self.data[p] = x;
+    }
+
+    /// The logical elements in row-major (BSHD) order.
+    pub fn logical(&self) -> Vec<T> {
+        indices(self.dims).map(|i| self.at(i)).collect()
     }
 
     /// Which elements of the slice the view reaches.
     pub fn in_view(&self) -> Vec<bool> {
         let mut mask = vec![false; self.data.len()];
         for i in indices(self.dims) {
-            mask[offset(i, self.strides)] = true;
+            mask[self.position(i)] = true;
         }
         mask
     }
 
     /// A read-only view.
-    pub fn view(&self) -> sdpa::Tensor<'_, f32> {
-        sdpa::Tensor::new(&self.data, self.dims, self.strides).expect("valid layout")
+    pub fn view(&self) -> sdpa::Tensor<'_, T> {
+        sdpa::Tensor::new(&self.data[self.start..], self.dims, self.strides).expect("valid layout")
     }
 
     /// A writable view.
-    pub fn view_mut(&mut self) -> sdpa::TensorMut<'_, f32> {
-        sdpa::TensorMut::new(&mut self.data, self.dims, self.strides).expect("valid layout")
+    pub fn view_mut(&mut self) -> sdpa::TensorMut<'_, T> {
+        sdpa::TensorMut::new(&mut self.data[self.start..], self.dims, self.strides)
+            .expect("valid layout")
     }
 }

@@ -30,6 +30,8 @@ pub mod bytes;
 #[path = "../../benches/support/counting_alloc.rs"]
 pub mod counting_alloc;
 pub mod differential;
+#[cfg(test)]
+pub mod harness;
 pub mod layout;
 pub mod merge;
 pub mod opts;

@@ -722,6 +722,7 @@ impl OptSpec {
                 .collect();
             Some(Buffer {
                 data,
+                start: 0,
                 dims,
                 strides,
             })

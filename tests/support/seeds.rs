@@ -24,8 +24,8 @@ const fn shape(
 ) -> Shape {
     Shape {
         batch,
+        heads: kv_heads * group,
         kv_heads,
-        group,
         n_q,
         n_kv,
         d_k,

@@ -1,14 +1,19 @@
-//! Helpers shared by the integration tests: deterministic random tensors, a builder for
-//! contiguous, padded and strided views, runners for the fused kernel and the f64 reference,
-//! and [`assert_close_to_reference`], the differential check every accuracy test uses.
+//! Running hand-made problems: random inputs in any [`Layout`], runners for the fused kernel
+//! and the f64 reference into outputs with sentinels, and [`assert_close_to_reference`], the
+//! strict differential check of the integration tests (every output element and LSE within
+//! `reference::error_bounds`, rows with no visible key exactly 0 / −∞, `attention` bitwise
+//! equal to `attention_lse`, padding untouched). The shape, layout and buffer are the ones of
+//! [`super::differential`] and [`super::layout`].
 //!
-//! Each test binary compiles this module on its own and uses a subset of it.
-#![allow(dead_code)]
+//! Compiled into the test targets only (`cfg(test)`): it draws with `rand`, which the fuzz
+//! crate does not depend on.
 
+pub use super::differential::Shape;
+pub use super::layout::{Buffer, Layout};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sdpa::reference::{self, ErrorBound};
-use sdpa::{Options, Tensor, TensorMut};
+use sdpa::{Options, Tensor};
 
 /// A deterministic generator: every test names its seed.
 pub fn rng(seed: u64) -> StdRng {
@@ -33,183 +38,15 @@ pub fn gamma(n: usize) -> f64 {
     nu / (1.0 - nu)
 }
 
-/// Problem sizes of one attention call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shape {
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub n_q: usize,
-    pub n_kv: usize,
-    pub d_k: usize,
-    pub d_v: usize,
-}
-
-impl Shape {
-    /// Batch 1, one head, `d_k = d_v = d`.
-    pub fn simple(n_q: usize, n_kv: usize, d: usize) -> Self {
-        Shape {
-            batch: 1,
-            heads: 1,
-            kv_heads: 1,
-            n_q,
-            n_kv,
-            d_k: d,
-            d_v: d,
-        }
-    }
-    pub fn q_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_q, self.heads, self.d_k]
-    }
-    pub fn k_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_kv, self.kv_heads, self.d_k]
-    }
-    pub fn v_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_kv, self.kv_heads, self.d_v]
-    }
-    pub fn out_dims(&self) -> [usize; 4] {
-        [self.batch, self.n_q, self.heads, self.d_v]
-    }
-    /// Rough cost of the reference plus `error_bounds` (f64 multiply-adds).
-    pub fn reference_cost(&self) -> usize {
-        self.batch * self.heads * self.n_q.max(1) * self.n_kv.max(1) * 2 * (self.d_k + self.d_v)
-    }
-}
-
-/// How a `[batch, seq, heads, dim]` tensor is laid out in its buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Contiguous batch, seq, heads, dim (FlashAttention, KV caches).
-    Bshd,
-    /// Contiguous batch, heads, seq, dim (PyTorch).
-    Bhsd,
-    /// Logical dims stored in `order` (outermost first): the innermost one at stride `step`,
-    /// each further level `pad` elements wider than it needs, the view starting `offset`
-    /// elements into the buffer. Every element the view does not reach is padding.
-    Strided {
-        order: [usize; 4],
-        step: usize,
-        pad: usize,
-        offset: usize,
-    },
-}
-
-impl Layout {
-    /// Storage order batch, seq, heads, dim.
-    pub const BSHD_ORDER: [usize; 4] = [0, 1, 2, 3];
-    /// Storage order batch, heads, seq, dim.
-    pub const BHSD_ORDER: [usize; 4] = [0, 2, 1, 3];
-    /// Storage order seq, batch, heads, dim ("time-major").
-    pub const SBHD_ORDER: [usize; 4] = [1, 0, 2, 3];
-
-    /// BSHD with every row and level padded, head-size elements `step` apart.
-    pub fn padded_bshd(step: usize, pad: usize) -> Self {
-        Layout::Strided {
-            order: Self::BSHD_ORDER,
-            step,
-            pad,
-            offset: 5,
-        }
-    }
-
-    /// BHSD with every row and level padded, head-size elements `step` apart.
-    pub fn padded_bhsd(step: usize, pad: usize) -> Self {
-        Layout::Strided {
-            order: Self::BHSD_ORDER,
-            step,
-            pad,
-            offset: 3,
-        }
-    }
-
-    /// Element strides for `dims`, and the buffer length (offset and padding included).
-    pub fn strides(self, dims: [usize; 4]) -> ([usize; 4], usize) {
-        let (order, step, pad, offset) = match self {
-            Layout::Bshd => (Self::BSHD_ORDER, 1, 0, 0),
-            Layout::Bhsd => (Self::BHSD_ORDER, 1, 0, 0),
-            Layout::Strided {
-                order,
-                step,
-                pad,
-                offset,
-            } => (order, step, pad, offset),
-        };
-        let mut strides = [0; 4];
-        let mut next = step;
-        for &axis in order.iter().rev() {
-            strides[axis] = next;
-            // A zero dim still gets a level of its own, so that the strides of an empty view
-            // stay distinct (zero strides would make an empty output view "overlapping").
-            next = next * dims[axis].max(1) + pad;
-        }
-        let reach = if dims.contains(&0) {
-            0
-        } else {
-            1 + dims
-                .iter()
-                .zip(&strides)
-                .map(|(n, s)| (n - 1) * s)
-                .sum::<usize>()
-        };
-        (strides, offset + reach.max(next))
-    }
-
-    /// The element offset of the view's first element in the buffer.
-    pub fn offset(self) -> usize {
-        match self {
-            Layout::Strided { offset, .. } => offset,
-            _ => 0,
-        }
-    }
-}
-
-/// Calls `f` on every logical index of `dims`, in BSHD order.
-pub fn for_each_index(dims: [usize; 4], mut f: impl FnMut([usize; 4])) {
-    for b in 0..dims[0] {
-        for s in 0..dims[1] {
-            for h in 0..dims[2] {
-                for d in 0..dims[3] {
-                    f([b, s, h, d]);
-                }
-            }
-        }
-    }
-}
-
-/// A tensor in an owned buffer, laid out by a [`Layout`].
-#[derive(Clone, Debug)]
-pub struct Buf {
-    pub data: Vec<f32>,
-    pub offset: usize,
-    pub dims: [usize; 4],
-    pub strides: [usize; 4],
-}
-
-impl Buf {
-    /// Logical element `[b, s, h, d]` is `f([b, s, h, d])`; padding elements are `pad`.
-    pub fn from_fn(
-        dims: [usize; 4],
-        layout: Layout,
-        pad: f32,
-        mut f: impl FnMut([usize; 4]) -> f32,
-    ) -> Self {
-        let (strides, len) = layout.strides(dims);
-        let mut buf = Buf {
-            data: vec![pad; len],
-            offset: layout.offset(),
-            dims,
-            strides,
-        };
-        for_each_index(dims, |idx| {
-            let x = f(idx);
-            buf.set(idx, x);
-        });
-        buf
-    }
-
+impl Buffer<f32> {
     /// Uniform random entries in `[-range, range)`, NaN padding.
     pub fn random(rng: &mut StdRng, dims: [usize; 4], layout: Layout, range: f32) -> Self {
         Self::from_fn(dims, layout, INPUT_PAD, |_| rng.random_range(-range..range))
+    }
+
+    /// Uniform random entries in `[lo, hi)`, NaN padding.
+    pub fn uniform(rng: &mut StdRng, dims: [usize; 4], layout: Layout, lo: f32, hi: f32) -> Self {
+        Self::from_fn(dims, layout, INPUT_PAD, |_| rng.random_range(lo..hi))
     }
 
     /// Entries given in logical BSHD order, NaN padding.
@@ -227,46 +64,9 @@ impl Buf {
         })
     }
 
-    /// Buffer position of logical index `idx`.
-    pub fn position(&self, idx: [usize; 4]) -> usize {
-        self.offset
-            + idx
-                .iter()
-                .zip(&self.strides)
-                .map(|(i, s)| i * s)
-                .sum::<usize>()
-    }
-
-    pub fn at(&self, idx: [usize; 4]) -> f32 {
-        self.data[self.position(idx)]
-    }
-
-    pub fn set(&mut self, idx: [usize; 4], x: f32) {
-        let p = self.position(idx);
-        self.data[p] = x;
-    }
-
-    pub fn view(&self) -> Tensor<'_, f32> {
-        Tensor::new(&self.data[self.offset..], self.dims, self.strides).expect("valid test view")
-    }
-
-    pub fn view_mut(&mut self) -> TensorMut<'_, f32> {
-        TensorMut::new(&mut self.data[self.offset..], self.dims, self.strides)
-            .expect("valid test view")
-    }
-
-    /// The logical elements in BSHD order.
-    pub fn logical(&self) -> Vec<f32> {
-        let mut v = Vec::with_capacity(self.dims.iter().product());
-        for_each_index(self.dims, |idx| v.push(self.at(idx)));
-        v
-    }
-
     /// Asserts that every element outside the view still holds [`OUTPUT_PAD_BITS`].
     pub fn assert_padding_untouched(&self, what: &str) {
-        let mut reached = vec![false; self.data.len()];
-        for_each_index(self.dims, |idx| reached[self.position(idx)] = true);
-        for (p, (&x, &r)) in self.data.iter().zip(&reached).enumerate() {
+        for (p, (&x, r)) in self.data.iter().zip(self.in_view()).enumerate() {
             assert!(
                 r || x.to_bits() == OUTPUT_PAD_BITS,
                 "{what}: padding element {p} outside the view was overwritten with {x}"
@@ -278,9 +78,9 @@ impl Buf {
 /// Q, K and V of one call.
 #[derive(Clone, Debug)]
 pub struct Inputs {
-    pub q: Buf,
-    pub k: Buf,
-    pub v: Buf,
+    pub q: Buffer,
+    pub k: Buffer,
+    pub v: Buffer,
 }
 
 impl Inputs {
@@ -289,15 +89,15 @@ impl Inputs {
     pub fn random(shape: Shape, layouts: [Layout; 3], seed: u64, q_range: f32) -> Self {
         let mut r = rng(seed);
         Inputs {
-            q: Buf::random(&mut r, shape.q_dims(), layouts[0], q_range),
-            k: Buf::random(&mut r, shape.k_dims(), layouts[1], 1.0),
-            v: Buf::random(&mut r, shape.v_dims(), layouts[2], 1.0),
+            q: Buffer::random(&mut r, shape.q_dims(), layouts[0], q_range),
+            k: Buffer::random(&mut r, shape.k_dims(), layouts[1], 1.0),
+            v: Buffer::random(&mut r, shape.v_dims(), layouts[2], 1.0),
         }
     }
 
     /// Contiguous BSHD random inputs.
     pub fn random_bshd(shape: Shape, seed: u64) -> Self {
-        Self::random(shape, [Layout::Bshd; 3], seed, 1.0)
+        Self::random(shape, [Layout::BSHD; 3], seed, 1.0)
     }
 }
 
@@ -362,24 +162,59 @@ impl Views<'_> {
 }
 
 /// Runs `attention_lse` of `path` into a fresh output laid out by `out_layout`; checks that
-/// the padding is untouched.
-pub fn run_views(path: Path, x: &Views<'_>, out_layout: Layout, opts: &Options) -> Outputs {
-    let out_dims = x.out_dims();
-    let [b, n_q, h, _] = out_dims;
-    let mut out = Buf::output(out_dims, out_layout);
+/// no padding element of the output was written and that every logical element and LSE was.
+pub fn try_run(
+    path: Path,
+    q: &Tensor<'_, f32>,
+    k: &Tensor<'_, f32>,
+    v: &Tensor<'_, f32>,
+    out_layout: Layout,
+    opts: &Options,
+) -> Result<Outputs, sdpa::Error> {
+    let [b, n_q, h, _] = q.dims();
+    let out_dims = [b, n_q, h, v.dims()[3]];
+    let mut out = Buffer::output(out_dims, out_layout);
     let mut lse = vec![f32::from_bits(OUTPUT_INIT_BITS); b * h * n_q];
     match path {
-        Path::Fused => sdpa::attention_lse(&x.q, &x.k, &x.v, &mut out.view_mut(), &mut lse, opts),
-        Path::Reference => {
-            reference::attention_lse(&x.q, &x.k, &x.v, &mut out.view_mut(), &mut lse, opts)
-        }
-    }
-    .unwrap_or_else(|e| panic!("{path:?} rejected a valid call: {e}"));
+        Path::Fused => sdpa::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
+        Path::Reference => reference::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
+    }?;
     out.assert_padding_untouched(&format!("{path:?} output"));
-    Outputs {
+    let out = out.logical();
+    assert!(
+        out.iter()
+            .chain(&lse)
+            .all(|x| x.to_bits() != OUTPUT_INIT_BITS),
+        "{path:?}: an output element or LSE was not written"
+    );
+    Ok(Outputs {
         dims: out_dims,
-        out: out.logical(),
+        out,
         lse,
+    })
+}
+
+/// [`try_run`] on views of a valid call.
+pub fn run_views(path: Path, x: &Views<'_>, out_layout: Layout, opts: &Options) -> Outputs {
+    try_run(path, &x.q, &x.k, &x.v, out_layout, opts)
+        .unwrap_or_else(|e| panic!("{path:?} rejected a valid call: {e}"))
+}
+
+impl Layout {
+    /// A random layout: BSHD, BHSD, or a padded (possibly seq- or head-major) one.
+    pub fn random(rng: &mut StdRng) -> Self {
+        match rng.random_range(0..4) {
+            0 => Layout::BSHD,
+            1 => Layout::BHSD,
+            _ => {
+                let orders = [[0, 1, 2, 3], [0, 2, 1, 3], [1, 0, 2, 3], [2, 0, 1, 3]];
+                let order = orders[rng.random_range(0..orders.len())];
+                let step = rng.random_range(1..=2);
+                let pad = rng.random_range(0..=3);
+                let offset = rng.random_range(0..=5);
+                Layout::strided(order, step, pad, offset)
+            }
+        }
     }
 }
 
@@ -390,7 +225,7 @@ pub fn run_with(path: Path, inp: &Inputs, out_layout: Layout, opts: &Options) ->
 
 /// [`run_with`] into a contiguous BSHD output.
 pub fn run(path: Path, inp: &Inputs, opts: &Options) -> Outputs {
-    run_with(path, inp, Layout::Bshd, opts)
+    run_with(path, inp, Layout::BSHD, opts)
 }
 
 /// The fused kernel's output and LSE.
@@ -452,7 +287,7 @@ pub fn assert_views_close_to_reference(
     let bounds = bounds_views(x, opts);
 
     // `attention` and `attention_lse` must agree bit for bit on the output.
-    let mut plain = Buf::output(fused.dims, out_layout);
+    let mut plain = Buffer::output(fused.dims, out_layout);
     sdpa::attention(&x.q, &x.k, &x.v, &mut plain.view_mut(), opts)
         .unwrap_or_else(|e| panic!("{label}: attention rejected a valid call: {e}"));
     plain.assert_padding_untouched(label);
