@@ -1,6 +1,6 @@
 //! Invalid options are typed errors, from every entry point, before anything is written.
 
-use super::{Buf, Layout, OUT_INIT_BITS};
+use super::{Buffer, Layout, OUT_INIT_BITS};
 use sdpa::{
     merge_partials, reference, Alignment, Dim, Error, Operand, Options, Partial, Tensor, TensorMut,
 };
@@ -353,7 +353,7 @@ fn invalid_merges() {
         })
     );
     // Control: the same partial twice is fine.
-    let mut o2 = Buf::from_fn(dims, Layout::Bhsd, 0.0f32, |_| 1.0);
+    let mut o2 = Buffer::from_fn(dims, Layout::BHSD, 0.0f32, |_| 1.0);
     merge_partials(&[good, good], &mut o2.view_mut(), &mut lse).unwrap();
     assert!(lse.iter().all(|&x| (x - 2f32.ln()).abs() < 1e-6));
     assert!(o2.logical().iter().all(|&x| x == 0.0));

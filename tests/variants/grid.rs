@@ -2,7 +2,7 @@
 //! the fused kernel against the f64 reference within `reference::error_bounds` (see
 //! [`super::check`]: per-row bounds, rows with no visible key exactly 0 / −∞).
 
-use super::{check, rng, Buf, Layout};
+use super::{check, rng, Buffer, Layout};
 use crate::support::alibi_slopes;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -12,16 +12,16 @@ use sdpa::{Alignment, Options};
 pub struct Case {
     pub label: String,
     pub dims: [usize; 7],
-    pub q: Buf<f32>,
-    pub k: Buf<f32>,
-    pub v: Buf<f32>,
+    pub q: Buffer<f32>,
+    pub k: Buffer<f32>,
+    pub v: Buffer<f32>,
     pub out_layout: Layout,
     pub align: Alignment,
     pub causal: bool,
     pub window: Option<(usize, usize)>,
     pub kv_lens: Option<Vec<usize>>,
-    pub bias: Option<Buf<f32>>,
-    pub mask: Option<Buf<bool>>,
+    pub bias: Option<Buffer<f32>>,
+    pub mask: Option<Buffer<bool>>,
     pub alibi: Option<Vec<f32>>,
     pub softcap: Option<f32>,
     pub sinks: Option<Vec<f32>>,
@@ -74,16 +74,16 @@ fn broadcast<T: Copy>(
     want: [usize; 4],
     pad: T,
     mut value: impl FnMut(&mut StdRng) -> T,
-) -> Buf<T> {
+) -> Buffer<T> {
     let modes: [u8; 4] = std::array::from_fn(|_| rng.random_range(0..4));
     // 0, 1: full; 2: size 1; 3: stride 0 over the full size.
     let stored: [usize; 4] = std::array::from_fn(|a| if modes[a] < 2 { want[a] } else { 1 });
     let layout = if rng.random_bool(0.5) {
-        Layout::Bshd
+        Layout::BSHD
     } else {
         Layout::random(rng)
     };
-    let mut buf = Buf::from_fn(stored, layout, pad, |_| value(rng));
+    let mut buf = Buffer::from_fn(stored, layout, pad, |_| value(rng));
     for a in 0..4 {
         if modes[a] == 3 {
             buf.dims[a] = want[a];
@@ -103,9 +103,9 @@ impl Case {
         let [b, h, hkv, nq, nkv, dk, dv] = dims;
         let q_range = pick(rng, &[0.5f32, 1.0, 3.0]);
         let layouts: [Layout; 4] = std::array::from_fn(|_| Layout::random(rng));
-        let q = Buf::random(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
-        let k = Buf::random(rng, [b, nkv, hkv, dk], layouts[1], -1.0, 1.0);
-        let v = Buf::random(rng, [b, nkv, hkv, dv], layouts[2], -1.0, 1.0);
+        let q = Buffer::uniform(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
+        let k = Buffer::uniform(rng, [b, nkv, hkv, dk], layouts[1], -1.0, 1.0);
+        let v = Buffer::uniform(rng, [b, nkv, hkv, dv], layouts[2], -1.0, 1.0);
         let align = if rng.random_bool(0.5) {
             Alignment::TopLeft
         } else {
@@ -295,7 +295,7 @@ fn random_option_combinations_match_the_reference() {
         let mix = if case % 8 == 0 { Mix::ALL } else { Mix::SOME };
         let c = Case::random(&mut rng, dims, mix, format!("case {case}"));
         let r = c.check();
-        worst = worst.max(r.worst);
+        worst = worst.max(r.worst_ratio);
         empty += r.empty_rows;
         rows += r.bounds.len();
         let [_, _, _, nq, nkv, ..] = dims;
@@ -338,7 +338,7 @@ fn decode_shapes_with_split_kv_match_the_reference() {
         for rep in 0..2 {
             let mix = if rep == 0 { Mix::SOME } else { Mix::ALL };
             let c = Case::random(&mut rng, dims, mix, format!("decode {n}.{rep}"));
-            worst = worst.max(c.check().worst);
+            worst = worst.max(c.check().worst_ratio);
         }
     }
     eprintln!("decode: worst error/bound {worst:.3e}");
@@ -393,9 +393,9 @@ fn every_key_matters_on_block_and_split_boundaries() {
 
         // Queries positive, so that a key of all-`boost` entries scores
         // ≥ 0.5 · d · boost / √d = 20 (default scale) while the others stay near 0.
-        let q = Buf::random(&mut rng, [b, nq, h, dk], Layout::Bshd, 0.5, 1.0);
-        let k0 = Buf::random(&mut rng, [b, nkv, hkv, dk], Layout::Bhsd, -1.0, 1.0);
-        let v0 = Buf::random(&mut rng, [b, nkv, hkv, dv], Layout::Bshd, -1.0, 1.0);
+        let q = Buffer::uniform(&mut rng, [b, nq, h, dk], Layout::BSHD, 0.5, 1.0);
+        let k0 = Buffer::uniform(&mut rng, [b, nkv, hkv, dk], Layout::BHSD, -1.0, 1.0);
+        let v0 = Buffer::uniform(&mut rng, [b, nkv, hkv, dv], Layout::BSHD, -1.0, 1.0);
         let boost = 40.0 / (dk as f32).sqrt();
         for (n, &j) in keys.iter().enumerate() {
             let (mut k, mut v) = (k0.clone(), v0.clone());
@@ -416,7 +416,7 @@ fn every_key_matters_on_block_and_split_boundaries() {
                 Options::new()
             };
             let label = format!("{dims:?} key {j} causal={causal} splits={s}");
-            let r = check(&label, &q.view(), &k.view(), &v.view(), &opts, Layout::Bshd);
+            let r = check(&label, &q.view(), &k.view(), &v.view(), &opts, Layout::BSHD);
             // The test has teeth: every row that sees key j puts > 90% of its weight on it.
             let mut seen = 0;
             for bb in 0..b {

@@ -5,7 +5,7 @@
 //! comes from the textbook formula (`softmax`), evaluated in f64; both the fused kernel and the
 //! reference must match it to a few f32 ulps (`TOL`).
 
-use super::{run, Buf, Layout, Path, Run};
+use super::{run, Buffer, Layout, Path, Run};
 use crate::support::alibi_slopes;
 use sdpa::{merge_partials, Alignment, Options, Partial, Tensor, TensorMut};
 
@@ -61,7 +61,7 @@ fn both(
     let k = Tensor::bshd(k, k_dims).unwrap();
     let v = Tensor::bshd(v, v_dims).unwrap();
     [Path::Fused, Path::Reference]
-        .map(|p| run(p, &q, &k, &v, opts, Layout::Bshd).expect("a valid call"))
+        .map(|p| run(p, &q, &k, &v, opts, Layout::BSHD).expect("a valid call"))
 }
 
 /// Row `(b, i, h)` of both runs (d_v = 1) is `want = (out, lse)`.
@@ -742,15 +742,10 @@ fn merge_partials_by_hand() {
     // merged output strided too: lse = ln(e^1 + e^2 + e^3), out = Σ w_k o_k.
     let dims = [1, 1, 1, 2];
     let a = [1.0f32, 0.0];
-    let b = Buf::from_fn(dims, Layout::Bhsd, 0.0, |[_, _, _, c]| [0.0f32, 1.0][c]);
-    let c = Buf::from_fn(
+    let b = Buffer::from_fn(dims, Layout::BHSD, 0.0, |[_, _, _, c]| [0.0f32, 1.0][c]);
+    let c = Buffer::from_fn(
         dims,
-        Layout::Padded {
-            order: [0, 1, 2, 3],
-            step: 3,
-            pad: 1,
-            offset: 2,
-        },
+        Layout::strided([0, 1, 2, 3], 3, 1, 2),
         f32::NAN,
         |[_, _, _, c]| [2.0f32, -2.0][c],
     );
@@ -769,7 +764,7 @@ fn merge_partials_by_hand() {
             lse: &lc,
         },
     ];
-    let mut out = Buf::from_fn(dims, Layout::Bhsd, 0.0f32, |_| f32::NAN);
+    let mut out = Buffer::from_fn(dims, Layout::BHSD, 0.0f32, |_| f32::NAN);
     let mut lse = [0.0f32];
     merge_partials(&parts, &mut out.view_mut(), &mut lse).unwrap();
     let z = 1f64.exp() + 2f64.exp() + 3f64.exp();

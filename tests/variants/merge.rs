@@ -11,7 +11,7 @@
 //! That also checks the documented formulas of those options against their literal meaning.
 
 use super::grid::{Case, Mix};
-use super::{rng, run, Buf, Layout, Path, Run, U};
+use super::{rng, run, Buffer, Layout, Path, Run, U};
 use rand::Rng;
 use sdpa::reference::{self, ErrorBound};
 use sdpa::{merge_partials, Options, Partial, Tensor};
@@ -20,9 +20,9 @@ use sdpa::{merge_partials, Options, Partial, Tensor};
 /// (keys innermost and contiguous, so a key range is a sub-view).
 struct Explicit {
     /// ALiBi + bias, or `None` if the case has neither.
-    bias: Option<Buf<f32>>,
+    bias: Option<Buffer<f32>>,
     /// causal ∧ window ∧ mask, or `None` if the case has none of them.
-    mask: Option<Buf<bool>>,
+    mask: Option<Buffer<bool>>,
     /// Largest |bias| entry (its f32 rounding perturbs the scores by `u` of it).
     bias_max: f64,
 }
@@ -37,7 +37,7 @@ impl Explicit {
             c.align.offset(nq, len) as f64
         };
         let bias = (c.alibi.is_some() || c.bias.is_some()).then(|| {
-            Buf::from_fn(dims, Layout::Bshd, 0.0, |[bb, i, hh, j]| {
+            Buffer::from_fn(dims, Layout::BSHD, 0.0, |[bb, i, hh, j]| {
                 let mut x = 0.0f64;
                 if let Some(slopes) = &c.alibi {
                     x -= f64::from(slopes[hh]) * (i as f64 + off(bb) - j as f64).abs();
@@ -49,7 +49,7 @@ impl Explicit {
             })
         });
         let mask = (c.causal || c.window.is_some() || c.mask.is_some()).then(|| {
-            Buf::from_fn(dims, Layout::Bshd, false, |[bb, i, hh, j]| {
+            Buffer::from_fn(dims, Layout::BSHD, false, |[bb, i, hh, j]| {
                 // Row i sees key j iff j ≤ i + off (causal) and i + off − left ≤ j ≤
                 // i + off + right (window; usize::MAX = unbounded), and the mask says so.
                 let (center, j) = (i as f64 + off(bb), j as f64);
@@ -79,10 +79,11 @@ impl Explicit {
 }
 
 /// A key range `[a, e)` of a `[B, n_kv, H, d]` tensor or a `[B, n_q, H, n_kv]` bias/mask.
-fn keys<'a, T>(buf: &'a Buf<T>, axis: usize, a: usize, e: usize) -> Tensor<'a, T> {
+fn keys<'a, T>(buf: &'a Buffer<T>, axis: usize, a: usize, e: usize) -> Tensor<'a, T> {
     let mut dims = buf.dims;
     dims[axis] = e - a;
-    let start = buf.offset + a * buf.strides[axis];
+    // An empty range at the end may start past the slice (no trailing padding there).
+    let start = (buf.start + a * buf.strides[axis]).min(buf.data.len());
     Tensor::new(&buf.data[start..], dims, buf.strides).expect("a key sub-view")
 }
 
@@ -90,7 +91,7 @@ fn keys<'a, T>(buf: &'a Buf<T>, axis: usize, a: usize, e: usize) -> Tensor<'a, T
 /// in `layout`.
 fn merge(runs: &[Run], layout: Layout) -> Run {
     let dims = runs[0].dims;
-    let outs: Vec<Buf<f32>> = runs.iter().map(|r| Buf::bshd(dims, &r.out)).collect();
+    let outs: Vec<Buffer<f32>> = runs.iter().map(|r| Buffer::bshd(dims, &r.out)).collect();
     let parts: Vec<Partial> = outs
         .iter()
         .zip(runs)
@@ -99,7 +100,7 @@ fn merge(runs: &[Run], layout: Layout) -> Run {
             lse: &r.lse,
         })
         .collect();
-    let mut out = Buf::from_fn(dims, layout, f32::NAN, |_| f32::NAN);
+    let mut out = Buffer::from_fn(dims, layout, f32::NAN, |_| f32::NAN);
     let mut lse = vec![f32::NAN; runs[0].lse.len()];
     merge_partials(&parts, &mut out.view_mut(), &mut lse).expect("a valid merge");
     Run {
@@ -168,8 +169,8 @@ fn merged_pieces_match_the_unsplit_problem() {
                 o = o.sinks(sinks);
             }
             let q = c.q.view();
-            let fused = run(Path::Fused, &q, &k, &v, &o, Layout::Bshd).unwrap();
-            let refr = run(Path::Reference, &q, &k, &v, &o, Layout::Bshd).unwrap();
+            let fused = run(Path::Fused, &q, &k, &v, &o, Layout::BSHD).unwrap();
+            let refr = run(Path::Reference, &q, &k, &v, &o, Layout::BSHD).unwrap();
             with_blind_row += usize::from(refr.lse.contains(&f32::NEG_INFINITY));
             bounds.push(reference::error_bounds(&q, &k, &v, &o).unwrap());
             fused_parts.push(fused);
@@ -177,10 +178,10 @@ fn merged_pieces_match_the_unsplit_problem() {
         }
         let out_layout = Layout::random(&mut rng);
         let merged = merge(&fused_parts, out_layout);
-        let merged_ref = merge(&ref_parts, Layout::Bshd);
+        let merged_ref = merge(&ref_parts, Layout::BSHD);
         let opts = c.opts();
         let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
-        let whole = run(Path::Reference, &q, &k, &v, &opts, Layout::Bshd).unwrap();
+        let whole = run(Path::Reference, &q, &k, &v, &opts, Layout::BSHD).unwrap();
 
         // Tolerance, per row. Piece k's fused result is within its bound (δ_k on the output,
         // ε_k on the LSE) of the piece's reference, which is within u of the exact piece
@@ -261,10 +262,10 @@ fn merging_one_partial_or_an_empty_one_changes_nothing() {
     let c = Case::random(&mut rng, dims, Mix::ALL, "one partial".into());
     let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
     let opts = c.opts();
-    let whole = run(Path::Fused, &q, &k, &v, &opts, Layout::Bshd).unwrap();
+    let whole = run(Path::Fused, &q, &k, &v, &opts, Layout::BSHD).unwrap();
     let bits = |r: &Run| -> Vec<u32> { r.out.iter().chain(&r.lse).map(|x| x.to_bits()).collect() };
     assert_eq!(
-        bits(&merge(std::slice::from_ref(&whole), Layout::Bhsd)),
+        bits(&merge(std::slice::from_ref(&whole), Layout::BHSD)),
         bits(&whole)
     );
 
@@ -276,11 +277,11 @@ fn merging_one_partial_or_an_empty_one_changes_nothing() {
         &empty_k,
         &empty_v,
         &Options::new(),
-        Layout::Bshd,
+        Layout::BSHD,
     )
     .unwrap();
     assert!(none.lse.iter().all(|&x| x == f32::NEG_INFINITY));
     assert!(none.out.iter().all(|&x| x == 0.0));
-    let merged = merge(&[none.clone(), whole.clone(), none], Layout::Bshd);
+    let merged = merge(&[none.clone(), whole.clone(), none], Layout::BSHD);
     assert_eq!(bits(&merged), bits(&whole));
 }

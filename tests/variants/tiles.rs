@@ -9,7 +9,7 @@
 //! invisible blocks computes not much more than that (the tiles straddling the edge of the
 //! visible band are computed whole).
 
-use super::{rng, Buf, Layout};
+use super::{rng, Buffer, Layout};
 use sdpa::{Alignment, Options, TensorMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,8 +20,8 @@ const W: usize = 64;
 /// `opts` (the counter is added to them).
 fn tiles(n: usize, opts: &Options<'_>) -> u64 {
     let mut rng = rng(n as u64);
-    let q = Buf::random(&mut rng, [1, n, 1, D], Layout::Bshd, -1.0, 1.0);
-    let k = Buf::random(&mut rng, [1, n, 1, D], Layout::Bshd, -1.0, 1.0);
+    let q = Buffer::uniform(&mut rng, [1, n, 1, D], Layout::BSHD, -1.0, 1.0);
+    let k = Buffer::uniform(&mut rng, [1, n, 1, D], Layout::BSHD, -1.0, 1.0);
     let mut out = vec![0.0f32; n * D];
     let counter = AtomicU64::new(0);
     let o = opts.clone().count_score_tiles(&counter);
