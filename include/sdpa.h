@@ -1,7 +1,8 @@
 /* sdpa: scaled dot-product attention on CPUs, C API.
  *
  * Tensors are strided 4-D views with logical dims [batch, seq, heads, dim] and ELEMENT strides
- * (not bytes: divide ggml's nb[] by sizeof(float)). Every function returns an sdpa_status;
+ * (not bytes: divide ggml's nb[] by the element size: 4 for float, 2 for f16/bf16, which are
+ * passed as uint16_t bit patterns). Every function returns an sdpa_status;
  * sdpa_last_error_message() says what went wrong. Link with -lsdpa_capi (static: also
  * -lpthread -ldl -lm). */
 
@@ -15,18 +16,19 @@
 
 // Version of this ABI. It changes only when an existing struct or function changes
 // incompatibly; new fields are appended to structs, whose `size` field tells which fields the
-// caller knows.
+// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args` kept it at 1:
+// a caller built against the first version still works unchanged.)
 #define SDPA_ABI_VERSION 1
 
-// Element type `float` (IEEE binary32): the only one implemented today.
+// Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
 #define SDPA_DTYPE_F32 0
 
-// Element type IEEE binary16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa
-// has half-precision kernels).
+// Element type IEEE binary16 (`_Float16`, ggml's `GGML_TYPE_F16`), passed as `uint16_t` bit
+// patterns; strides count 2-byte elements and pointers need 2-byte alignment.
 #define SDPA_DTYPE_F16 1
 
-// Element type bfloat16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa has
-// half-precision kernels).
+// Element type bfloat16 (the upper half of a `float`), passed as `uint16_t` bit patterns;
+// strides count 2-byte elements and pointers need 2-byte alignment.
 #define SDPA_DTYPE_BF16 2
 
 // Alignment field value: the option is off (no causal mask, no window, no ALiBi).
@@ -47,9 +49,10 @@ typedef enum sdpa_status {
   // A required pointer (a struct, a tensor's data, an option's array) is NULL.
   SDPA_STATUS_NULL_POINTER = 1,
   // A struct's `size` field is smaller than its first version or larger than this library
-  // knows.
+  // knows (`sdpa_attention_args`: not the size of one of its versions).
   SDPA_STATUS_INVALID_STRUCT_SIZE = 2,
-  // The element type is not implemented (f16 and bf16 today).
+  // An element type is not one of the `SDPA_DTYPE_*` values, or not one this function
+  // takes (`sdpa_merge_partials` takes f32 only).
   SDPA_STATUS_UNSUPPORTED_TYPE = 3,
   // A data pointer is not aligned to its element type.
   SDPA_STATUS_MISALIGNED = 4,
@@ -103,8 +106,9 @@ typedef enum sdpa_status {
 // A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
 // `[b, s, h, d]` is at `data[b·strides[0] + s·strides[1] + h·strides[2] + d·strides[3]]`.
 //
-// Strides are in elements, not bytes. This descriptor is embedded by value in the versioned
-// structs and never grows (a new tensor kind would get a new struct).
+// Strides are in elements of the tensor's type (4 bytes for f32, 2 for f16/bf16), not bytes.
+// This descriptor is embedded by value in the versioned structs and never grows (a new tensor
+// kind would get a new struct).
 typedef struct sdpa_tensor {
   // First element; NULL only where the field's documentation allows it (meaning "absent").
   const void *data;
@@ -129,11 +133,19 @@ typedef struct sdpa_tensor_mut {
 //
 // Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
 // `[B, n_q, H, d_v]`; `H` a multiple of `H_kv` (GQA/MQA without copies).
+//
+// Element types: `q_dtype` for Q, `kv_dtype` for K and V, `out_dtype` for out, each
+// `SDPA_DTYPE_F32`, `SDPA_DTYPE_F16` or `SDPA_DTYPE_BF16`, in any combination (an f16 KV
+// cache with f32 Q and out as llama.cpp keeps it; all bf16; …). A zeroed struct is all f32.
+// A caller built against the first version of this struct (`size` ending at `lse_len`, where
+// `q_dtype` was named `dtype`) gets `kv_dtype = out_dtype = q_dtype`: `dtype` then keeps its
+// meaning of "the type of every operand".
 typedef struct sdpa_attention_args {
   // `sizeof(sdpa_attention_args)` as the caller compiled it.
   size_t size;
-  // Element type of Q, K, V and out: `SDPA_DTYPE_F32` (others are reserved).
-  uint32_t dtype;
+  // Element type of Q (`SDPA_DTYPE_*`). In the first version of the struct, whose `size`
+  // ends at `lse_len`, this field was `dtype` and gives the type of every operand.
+  uint32_t q_dtype;
   // Queries.
   struct sdpa_tensor q;
   // Keys.
@@ -147,6 +159,12 @@ typedef struct sdpa_attention_args {
   float *lse;
   // Number of floats at `lse`: must be `B·H·n_q` when `lse` is not NULL.
   size_t lse_len;
+  // Element type of K and V (`SDPA_DTYPE_*`). Added after the first version: absent
+  // (a smaller `size`) means `q_dtype`.
+  uint32_t kv_dtype;
+  // Element type of out (`SDPA_DTYPE_*`). Added after the first version: absent (a smaller
+  // `size`) means `q_dtype`.
+  uint32_t out_dtype;
 } sdpa_attention_args;
 
 // Options of an attention call. All-zero bytes (after setting `size`) mean plain attention
@@ -209,7 +227,8 @@ typedef struct sdpa_partial {
 typedef struct sdpa_merge_args {
   // `sizeof(sdpa_merge_args)` as the caller compiled it.
   size_t size;
-  // Element type of the outputs: `SDPA_DTYPE_F32`.
+  // Element type of the partial and merged outputs: `SDPA_DTYPE_F32` only (write partials
+  // with `out_dtype = SDPA_DTYPE_F32`; others give `SDPA_STATUS_UNSUPPORTED_TYPE`).
   uint32_t dtype;
   // The partial results.
   const struct sdpa_partial *parts;
@@ -229,6 +248,9 @@ extern "C" {
 
 // Scaled dot-product attention on sdpa's fused kernel: `out = softmax(Q·Kᵀ·scale) · V` with
 // the options in `opts` (NULL: plain attention), and the LSE when `args->lse` is not NULL.
+// Q, K/V and out have the element types `args` declares (any combination of f32, f16, bf16):
+// half-precision operands are converted inside the kernel block by block, arithmetic is f32,
+// and the output is rounded once to `out_dtype`.
 //
 // # Safety
 // `args` (and `opts` unless NULL) point to structs whose `size` field is set; every non-NULL
@@ -237,8 +259,10 @@ extern "C" {
 enum sdpa_status sdpa_attention(const struct sdpa_attention_args *args,
                                 const struct sdpa_options *opts);
 
-// The f64 reference of `sdpa_attention`, same arguments and semantics: the plain definition,
-// step by step, with the whole score matrix in memory (slow; for tests).
+// The f64 reference of `sdpa_attention`, same arguments, element types and semantics: the
+// plain definition, step by step, with the whole score matrix in memory (slow; for tests). Its
+// output is rounded once to `out_dtype`, so the two agree within the f32 bound plus
+// `2·u·max|v|` for a half output (`u` = 2⁻¹¹ for f16, 2⁻⁸ for bf16).
 //
 // # Safety
 // As `sdpa_attention`.

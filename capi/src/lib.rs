@@ -9,6 +9,11 @@
 //!   `[batch, seq, heads, dim]` and **element** strides (not bytes: divide ggml's `nb[i]` by the
 //!   element size). Any strides work, including 0 (broadcast, read-only tensors only),
 //!   padded and permuted layouts.
+//! * Element types: Q, K/V and out each have one ([`SdpaAttentionArgs::q_dtype`],
+//!   [`SdpaAttentionArgs::kv_dtype`], [`SdpaAttentionArgs::out_dtype`]): `float`, IEEE binary16
+//!   or bfloat16, the two half types as `uint16_t` bit patterns. Every combination runs natively
+//!   (half operands are converted block by block inside the kernel, the output rounded once);
+//!   arithmetic is f32, the LSE is always `float`.
 //! * Every call validates everything it can before touching memory: null pointers, struct sizes,
 //!   element types, alignment, and the number of elements each tensor reaches, computed from its
 //!   dims and strides with checked arithmetic. The caller guarantees that each pointer is
@@ -26,20 +31,22 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use sdpa::{Alignment, Operand, Options, Partial, Tensor, TensorMut};
+use sdpa::half::{bf16, f16};
+use sdpa::{Alignment, Element, Operand, Options, Partial, Tensor, TensorMut};
 
 /// Version of this ABI. It changes only when an existing struct or function changes
 /// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
-/// caller knows.
+/// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args` kept it at 1:
+/// a caller built against the first version still works unchanged.)
 pub const SDPA_ABI_VERSION: u32 = 1;
 
-/// Element type `float` (IEEE binary32): the only one implemented today.
+/// Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
 pub const SDPA_DTYPE_F32: u32 = 0;
-/// Element type IEEE binary16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa
-/// has half-precision kernels).
+/// Element type IEEE binary16 (`_Float16`, ggml's `GGML_TYPE_F16`), passed as `uint16_t` bit
+/// patterns; strides count 2-byte elements and pointers need 2-byte alignment.
 pub const SDPA_DTYPE_F16: u32 = 1;
-/// Element type bfloat16 (reserved: returns `SDPA_STATUS_UNSUPPORTED_TYPE` until sdpa has
-/// half-precision kernels).
+/// Element type bfloat16 (the upper half of a `float`), passed as `uint16_t` bit patterns;
+/// strides count 2-byte elements and pointers need 2-byte alignment.
 pub const SDPA_DTYPE_BF16: u32 = 2;
 
 /// Alignment field value: the option is off (no causal mask, no window, no ALiBi).
@@ -60,9 +67,10 @@ pub enum SdpaStatus {
     /// A required pointer (a struct, a tensor's data, an option's array) is NULL.
     NullPointer = 1,
     /// A struct's `size` field is smaller than its first version or larger than this library
-    /// knows.
+    /// knows (`sdpa_attention_args`: not the size of one of its versions).
     InvalidStructSize = 2,
-    /// The element type is not implemented (f16 and bf16 today).
+    /// An element type is not one of the `SDPA_DTYPE_*` values, or not one this function
+    /// takes (`sdpa_merge_partials` takes f32 only).
     UnsupportedType = 3,
     /// A data pointer is not aligned to its element type.
     Misaligned = 4,
@@ -116,8 +124,9 @@ pub enum SdpaStatus {
 /// A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
 /// `[b, s, h, d]` is at `data[b·strides[0] + s·strides[1] + h·strides[2] + d·strides[3]]`.
 ///
-/// Strides are in elements, not bytes. This descriptor is embedded by value in the versioned
-/// structs and never grows (a new tensor kind would get a new struct).
+/// Strides are in elements of the tensor's type (4 bytes for f32, 2 for f16/bf16), not bytes.
+/// This descriptor is embedded by value in the versioned structs and never grows (a new tensor
+/// kind would get a new struct).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct SdpaTensor {
@@ -146,13 +155,21 @@ pub struct SdpaTensorMut {
 ///
 /// Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
 /// `[B, n_q, H, d_v]`; `H` a multiple of `H_kv` (GQA/MQA without copies).
+///
+/// Element types: `q_dtype` for Q, `kv_dtype` for K and V, `out_dtype` for out, each
+/// `SDPA_DTYPE_F32`, `SDPA_DTYPE_F16` or `SDPA_DTYPE_BF16`, in any combination (an f16 KV
+/// cache with f32 Q and out as llama.cpp keeps it; all bf16; …). A zeroed struct is all f32.
+/// A caller built against the first version of this struct (`size` ending at `lse_len`, where
+/// `q_dtype` was named `dtype`) gets `kv_dtype = out_dtype = q_dtype`: `dtype` then keeps its
+/// meaning of "the type of every operand".
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct SdpaAttentionArgs {
     /// `sizeof(sdpa_attention_args)` as the caller compiled it.
     pub size: usize,
-    /// Element type of Q, K, V and out: `SDPA_DTYPE_F32` (others are reserved).
-    pub dtype: u32,
+    /// Element type of Q (`SDPA_DTYPE_*`). In the first version of the struct, whose `size`
+    /// ends at `lse_len`, this field was `dtype` and gives the type of every operand.
+    pub q_dtype: u32,
     /// Queries.
     pub q: SdpaTensor,
     /// Keys.
@@ -166,7 +183,17 @@ pub struct SdpaAttentionArgs {
     pub lse: *mut f32,
     /// Number of floats at `lse`: must be `B·H·n_q` when `lse` is not NULL.
     pub lse_len: usize,
+    /// Element type of K and V (`SDPA_DTYPE_*`). Added after the first version: absent
+    /// (a smaller `size`) means `q_dtype`.
+    pub kv_dtype: u32,
+    /// Element type of out (`SDPA_DTYPE_*`). Added after the first version: absent (a smaller
+    /// `size`) means `q_dtype`.
+    pub out_dtype: u32,
 }
+
+/// `sizeof(sdpa_attention_args)` of the first version of the struct (no `kv_dtype`,
+/// `out_dtype`): the smallest `size` accepted.
+const ATTENTION_ARGS_V1_SIZE: usize = std::mem::offset_of!(SdpaAttentionArgs, kv_dtype);
 
 /// Options of an attention call. All-zero bytes (after setting `size`) mean plain attention
 /// with scale `1/√d_k`; a NULL options pointer means the same.
@@ -234,7 +261,8 @@ pub struct SdpaPartial {
 pub struct SdpaMergeArgs {
     /// `sizeof(sdpa_merge_args)` as the caller compiled it.
     pub size: usize,
-    /// Element type of the outputs: `SDPA_DTYPE_F32`.
+    /// Element type of the partial and merged outputs: `SDPA_DTYPE_F32` only (write partials
+    /// with `out_dtype = SDPA_DTYPE_F32`; others give `SDPA_STATUS_UNSUPPORTED_TYPE`).
     pub dtype: u32,
     /// The partial results.
     pub parts: *const SdpaPartial,
@@ -460,27 +488,27 @@ unsafe fn raw_tensor<'a, T>(t: &SdpaTensor, what: &str) -> Result<Raw<'a, T>, Fa
     })
 }
 
-/// An `f32` input tensor.
+/// An input tensor of elements `T` (alignment and byte span from `T`'s size).
 ///
 /// # Safety
 /// As [`raw_tensor`].
-unsafe fn input<'a>(t: &SdpaTensor, operand: Operand) -> Result<(Tensor<'a, f32>, Span), Failure> {
+unsafe fn input<'a, T>(t: &SdpaTensor, operand: Operand) -> Result<(Tensor<'a, T>, Span), Failure> {
     // SAFETY: forwarded.
-    let raw = unsafe { raw_tensor::<f32>(t, &format!("{} tensor", operand_name(operand))) }?;
+    let raw = unsafe { raw_tensor::<T>(t, &format!("{} tensor", operand_name(operand))) }?;
     Ok((Tensor::new(raw.slice, raw.dims, raw.strides)?, raw.span))
 }
 
-/// An `f32` output tensor, checked against the read spans.
+/// An output tensor of elements `T`, checked against the read spans.
 ///
 /// # Safety
 /// `t.data` must be valid for reads and writes of the elements the view reaches, for `'a`, and
 /// nothing else may access them meanwhile.
-unsafe fn output<'a>(
+unsafe fn output<'a, T>(
     t: &SdpaTensorMut,
     reads: &[Span],
-) -> Result<(TensorMut<'a, f32>, Span), Failure> {
+) -> Result<(TensorMut<'a, T>, Span), Failure> {
     let len = reach(t.dims, t.strides)?;
-    let ptr = t.data as *mut f32;
+    let ptr = t.data as *mut T;
     let span = check_array(ptr.cast_const(), len, "output tensor")?;
     check_disjoint(span, reads, "output tensor")?;
     // SAFETY: as in `raw_tensor`; exclusive access is the caller's contract, and the output is
@@ -542,13 +570,15 @@ fn check_disjoint(span: Span, others: &[Span], what: &str) -> Result<(), Failure
 /// Reads a versioned struct of which the caller knows `size` bytes (fields past them stay zero,
 /// which every struct here reads as "absent / off").
 ///
+/// Returns the struct and the caller's `size`.
+///
 /// # Safety
 /// `ptr`, if not NULL, must be valid for reads of `*ptr.size` bytes.
 unsafe fn read_versioned<T: Copy>(
     ptr: *const T,
     min_size: usize,
     what: &str,
-) -> Result<T, Failure> {
+) -> Result<(T, usize), Failure> {
     if ptr.is_null() {
         return Err(Failure::new(
             SdpaStatus::NullPointer,
@@ -572,27 +602,26 @@ unsafe fn read_versioned<T: Copy>(
     unsafe {
         let mut value = std::mem::MaybeUninit::<T>::zeroed();
         std::ptr::copy_nonoverlapping(ptr as *const u8, value.as_mut_ptr() as *mut u8, size);
-        Ok(value.assume_init())
+        Ok((value.assume_init(), size))
     }
 }
 
-fn check_dtype(dtype: u32) -> Result<(), Failure> {
-    match dtype {
-        SDPA_DTYPE_F32 => Ok(()),
-        SDPA_DTYPE_F16 | SDPA_DTYPE_BF16 => Err(Failure::new(
-            SdpaStatus::UnsupportedType,
-            format!(
-                "element type {} is not implemented yet: sdpa computes in f32 today",
-                if dtype == SDPA_DTYPE_F16 {
-                    "f16"
-                } else {
-                    "bf16"
-                }
-            ),
-        )),
+/// An element type the attention calls take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+fn dtype(value: u32, what: &str) -> Result<Dtype, Failure> {
+    match value {
+        SDPA_DTYPE_F32 => Ok(Dtype::F32),
+        SDPA_DTYPE_F16 => Ok(Dtype::F16),
+        SDPA_DTYPE_BF16 => Ok(Dtype::Bf16),
         other => Err(Failure::new(
             SdpaStatus::UnsupportedType,
-            format!("unknown element type {other}"),
+            format!("{what}: unknown element type {other} (not an SDPA_DTYPE_* value)"),
         )),
     }
 }
@@ -666,11 +695,68 @@ unsafe fn copy_mask(t: &SdpaTensor, spans: &mut Vec<Span>) -> Result<MaskCopy, F
     })
 }
 
+/// A validated tensor of one of the element types.
+enum AnyTensor<'a> {
+    F32(Tensor<'a, f32>),
+    F16(Tensor<'a, f16>),
+    Bf16(Tensor<'a, bf16>),
+}
+
+/// K and V, which share one element type.
+enum AnyKv<'a> {
+    F32(Tensor<'a, f32>, Tensor<'a, f32>),
+    F16(Tensor<'a, f16>, Tensor<'a, f16>),
+    Bf16(Tensor<'a, bf16>, Tensor<'a, bf16>),
+}
+
+/// A validated output tensor of one of the element types.
+enum AnyTensorMut<'a> {
+    F32(TensorMut<'a, f32>),
+    F16(TensorMut<'a, f16>),
+    Bf16(TensorMut<'a, bf16>),
+}
+
+/// An input tensor of type `dtype`.
+///
+/// # Safety
+/// As [`raw_tensor`] for elements of `dtype`.
+unsafe fn any_input<'a>(
+    t: &SdpaTensor,
+    operand: Operand,
+    dtype: Dtype,
+    spans: &mut Vec<Span>,
+) -> Result<AnyTensor<'a>, Failure> {
+    // SAFETY (all arms): forwarded, with the element type the caller declared.
+    let (tensor, span) = match dtype {
+        Dtype::F32 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::F32(x), s)),
+        Dtype::F16 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::F16(x), s)),
+        Dtype::Bf16 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::Bf16(x), s)),
+    }?;
+    spans.push(span);
+    Ok(tensor)
+}
+
+/// An output tensor of type `dtype`, checked against the read spans.
+///
+/// # Safety
+/// As [`output`] for elements of `dtype`.
+unsafe fn any_output<'a>(
+    t: &SdpaTensorMut,
+    dtype: Dtype,
+    reads: &[Span],
+) -> Result<(AnyTensorMut<'a>, Span), Failure> {
+    // SAFETY (all arms): forwarded, with the element type the caller declared.
+    match dtype {
+        Dtype::F32 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::F32(x), s)),
+        Dtype::F16 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::F16(x), s)),
+        Dtype::Bf16 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::Bf16(x), s)),
+    }
+}
+
 /// Everything an attention call reads, validated and borrowed from the caller.
 struct Inputs<'a> {
-    q: Tensor<'a, f32>,
-    k: Tensor<'a, f32>,
-    v: Tensor<'a, f32>,
+    q: AnyTensor<'a>,
+    kv: AnyKv<'a>,
     spans: Vec<Span>,
     opts: SdpaOptions,
     kv_lens: Option<&'a [usize]>,
@@ -684,24 +770,27 @@ struct Inputs<'a> {
 /// The pointers in `args` and `opts` must be valid as the header documents.
 unsafe fn read_inputs<'a>(
     args: &SdpaAttentionArgs,
+    types: &Types,
     opts: *const SdpaOptions,
 ) -> Result<Inputs<'a>, Failure> {
-    check_dtype(args.dtype)?;
     let opts = if opts.is_null() {
         // SAFETY: all-zero bytes are a valid `SdpaOptions` (plain attention).
         unsafe { std::mem::zeroed() }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { read_versioned(opts, std::mem::size_of::<SdpaOptions>(), "options") }?
+        unsafe { read_versioned(opts, std::mem::size_of::<SdpaOptions>(), "options") }?.0
     };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
-    let (q, s) = unsafe { input(&args.q, Operand::Query) }?;
-    spans.push(s);
-    let (k, s) = unsafe { input(&args.k, Operand::Key) }?;
-    spans.push(s);
-    let (v, s) = unsafe { input(&args.v, Operand::Value) }?;
-    spans.push(s);
+    let q = unsafe { any_input(&args.q, Operand::Query, types.q, &mut spans) }?;
+    let k = unsafe { any_input(&args.k, Operand::Key, types.kv, &mut spans) }?;
+    let v = unsafe { any_input(&args.v, Operand::Value, types.kv, &mut spans) }?;
+    let kv = match (k, v) {
+        (AnyTensor::F32(k), AnyTensor::F32(v)) => AnyKv::F32(k, v),
+        (AnyTensor::F16(k), AnyTensor::F16(v)) => AnyKv::F16(k, v),
+        (AnyTensor::Bf16(k), AnyTensor::Bf16(v)) => AnyKv::Bf16(k, v),
+        _ => unreachable!("K and V are both read as kv_dtype"),
+    };
     let kv_lens = unsafe { input_array(opts.kv_lens, opts.kv_lens_len, "kv_lens", &mut spans) }?;
     let bias = if opts.bias.data.is_null() {
         None
@@ -726,8 +815,7 @@ unsafe fn read_inputs<'a>(
     let sinks = unsafe { input_array(opts.sinks, opts.sinks_len, "sinks", &mut spans) }?;
     Ok(Inputs {
         q,
-        k,
-        v,
+        kv,
         spans,
         opts,
         kv_lens,
@@ -779,50 +867,133 @@ fn options<'a>(inputs: &'a Inputs<'_>) -> Result<Options<'a>, Failure> {
     Ok(opts)
 }
 
-type AttentionFn = fn(
-    &Tensor<'_, f32>,
-    &Tensor<'_, f32>,
-    &Tensor<'_, f32>,
-    &mut TensorMut<'_, f32>,
-    &mut [f32],
-    &Options<'_>,
-) -> Result<(), sdpa::Error>;
+/// The element types of an attention call.
+struct Types {
+    q: Dtype,
+    kv: Dtype,
+    out: Dtype,
+}
 
-type AttentionNoLseFn = fn(
-    &Tensor<'_, f32>,
-    &Tensor<'_, f32>,
-    &Tensor<'_, f32>,
-    &mut TensorMut<'_, f32>,
-    &Options<'_>,
-) -> Result<(), sdpa::Error>;
+impl Types {
+    /// The types `args` declares; `caller_size` tells whether it has the fields added after
+    /// the first version (absent: every operand has `q_dtype`, the first version's `dtype`).
+    fn of(args: &SdpaAttentionArgs, caller_size: usize) -> Result<Self, Failure> {
+        let q = dtype(args.q_dtype, "q_dtype")?;
+        if caller_size <= ATTENTION_ARGS_V1_SIZE {
+            return Ok(Self { q, kv: q, out: q });
+        }
+        Ok(Self {
+            q,
+            kv: dtype(args.kv_dtype, "kv_dtype")?,
+            out: dtype(args.out_dtype, "out_dtype")?,
+        })
+    }
+}
+
+/// Which implementation an entry point runs.
+#[derive(Clone, Copy)]
+enum Engine {
+    Fused,
+    Reference,
+}
+
+/// One typed call: the generic Rust function for these element types.
+fn run<Q: Element, KV: Element, O: Element>(
+    engine: Engine,
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut TensorMut<'_, O>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), sdpa::Error> {
+    match (engine, lse) {
+        (Engine::Fused, Some(lse)) => sdpa::attention_lse(q, k, v, out, lse, opts),
+        (Engine::Fused, None) => sdpa::attention(q, k, v, out, opts),
+        (Engine::Reference, Some(lse)) => sdpa::reference::attention_lse(q, k, v, out, lse, opts),
+        (Engine::Reference, None) => sdpa::reference::attention(q, k, v, out, opts),
+    }
+}
+
+/// Dispatches on the output's type (Q and K/V already typed).
+fn run_out<Q: Element, KV: Element>(
+    engine: Engine,
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out: &mut AnyTensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), sdpa::Error> {
+    match out {
+        AnyTensorMut::F32(out) => run(engine, q, k, v, out, lse, opts),
+        AnyTensorMut::F16(out) => run(engine, q, k, v, out, lse, opts),
+        AnyTensorMut::Bf16(out) => run(engine, q, k, v, out, lse, opts),
+    }
+}
+
+/// Dispatches on the K/V type (Q already typed).
+fn run_kv<Q: Element>(
+    engine: Engine,
+    q: &Tensor<'_, Q>,
+    kv: &AnyKv<'_>,
+    out: &mut AnyTensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), sdpa::Error> {
+    match kv {
+        AnyKv::F32(k, v) => run_out(engine, q, k, v, out, lse, opts),
+        AnyKv::F16(k, v) => run_out(engine, q, k, v, out, lse, opts),
+        AnyKv::Bf16(k, v) => run_out(engine, q, k, v, out, lse, opts),
+    }
+}
+
+/// Dispatches on all three types: 27 monomorphizations of [`run`].
+fn run_any(
+    engine: Engine,
+    q: &AnyTensor<'_>,
+    kv: &AnyKv<'_>,
+    out: &mut AnyTensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), sdpa::Error> {
+    match q {
+        AnyTensor::F32(q) => run_kv(engine, q, kv, out, lse, opts),
+        AnyTensor::F16(q) => run_kv(engine, q, kv, out, lse, opts),
+        AnyTensor::Bf16(q) => run_kv(engine, q, kv, out, lse, opts),
+    }
+}
 
 /// # Safety
 /// As `sdpa_attention`.
 unsafe fn attention_entry(
     args: *const SdpaAttentionArgs,
     opts: *const SdpaOptions,
-    with_lse: AttentionFn,
-    without_lse: AttentionNoLseFn,
+    engine: Engine,
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
-    let args = unsafe {
-        read_versioned(
-            args,
-            std::mem::size_of::<SdpaAttentionArgs>(),
-            "attention args",
-        )
-    }?;
-    let inputs = unsafe { read_inputs(&args, opts) }?;
+    let (args, caller_size) =
+        unsafe { read_versioned(args, ATTENTION_ARGS_V1_SIZE, "attention args") }?;
+    // Only the sizes of the struct's versions: a size between them is not a struct.
+    let full = std::mem::size_of::<SdpaAttentionArgs>();
+    if caller_size != ATTENTION_ARGS_V1_SIZE && caller_size != full {
+        return Err(Failure::new(
+            SdpaStatus::InvalidStructSize,
+            format!(
+                "attention args: size is {caller_size}, expected {full} (sizeof the struct in \
+                 this ABI) or {ATTENTION_ARGS_V1_SIZE} (its first version)"
+            ),
+        ));
+    }
+    let types = Types::of(&args, caller_size)?;
+    let inputs = unsafe { read_inputs(&args, &types, opts) }?;
     let rust_opts = options(&inputs)?;
-    let (mut out, out_span) = unsafe { output(&args.out, &inputs.spans) }?;
+    let (mut out, out_span) = unsafe { any_output(&args.out, types.out, &inputs.spans) }?;
     let mut reads = inputs.spans.clone();
     reads.push(out_span);
     let lse = unsafe { output_array(args.lse, args.lse_len, &reads, "lse") }?;
-    let (q, k, v) = (&inputs.q, &inputs.k, &inputs.v);
-    in_pool(move || match lse {
-        Some(lse) => with_lse(q, k, v, &mut out, lse, &rust_opts),
-        None => without_lse(q, k, v, &mut out, &rust_opts),
-    })??;
+    let (q, kv) = (&inputs.q, &inputs.kv);
+    in_pool(move || run_any(engine, q, kv, &mut out, lse, &rust_opts))??;
     Ok(())
 }
 
@@ -831,6 +1002,9 @@ unsafe fn attention_entry(
 
 /// Scaled dot-product attention on sdpa's fused kernel: `out = softmax(Q·Kᵀ·scale) · V` with
 /// the options in `opts` (NULL: plain attention), and the LSE when `args->lse` is not NULL.
+/// Q, K/V and out have the element types `args` declares (any combination of f32, f16, bf16):
+/// half-precision operands are converted inside the kernel block by block, arithmetic is f32,
+/// and the output is rounded once to `out_dtype`.
 ///
 /// # Safety
 /// `args` (and `opts` unless NULL) point to structs whose `size` field is set; every non-NULL
@@ -842,11 +1016,13 @@ pub unsafe extern "C" fn sdpa_attention(
     opts: *const SdpaOptions,
 ) -> SdpaStatus {
     // SAFETY: the caller's contract.
-    guard(|| unsafe { attention_entry(args, opts, sdpa::attention_lse, sdpa::attention) })
+    guard(|| unsafe { attention_entry(args, opts, Engine::Fused) })
 }
 
-/// The f64 reference of `sdpa_attention`, same arguments and semantics: the plain definition,
-/// step by step, with the whole score matrix in memory (slow; for tests).
+/// The f64 reference of `sdpa_attention`, same arguments, element types and semantics: the
+/// plain definition, step by step, with the whole score matrix in memory (slow; for tests). Its
+/// output is rounded once to `out_dtype`, so the two agree within the f32 bound plus
+/// `2·u·max|v|` for a half output (`u` = 2⁻¹¹ for f16, 2⁻⁸ for bf16).
 ///
 /// # Safety
 /// As `sdpa_attention`.
@@ -856,14 +1032,7 @@ pub unsafe extern "C" fn sdpa_reference_attention(
     opts: *const SdpaOptions,
 ) -> SdpaStatus {
     // SAFETY: the caller's contract.
-    guard(|| unsafe {
-        attention_entry(
-            args,
-            opts,
-            sdpa::reference::attention_lse,
-            sdpa::reference::attention,
-        )
-    })
+    guard(|| unsafe { attention_entry(args, opts, Engine::Reference) })
 }
 
 /// Merges partial results over disjoint key sets (split-KV decode, sequence parallelism) into
@@ -877,8 +1046,14 @@ pub unsafe extern "C" fn sdpa_merge_partials(args: *const SdpaMergeArgs) -> Sdpa
     guard(|| {
         // SAFETY (all blocks): the caller's contract, forwarded.
         let args =
-            unsafe { read_versioned(args, std::mem::size_of::<SdpaMergeArgs>(), "merge args") }?;
-        check_dtype(args.dtype)?;
+            unsafe { read_versioned(args, std::mem::size_of::<SdpaMergeArgs>(), "merge args") }?.0;
+        if dtype(args.dtype, "dtype")? != Dtype::F32 {
+            return Err(Failure::new(
+                SdpaStatus::UnsupportedType,
+                "merge: partial results and the merged output are f32 only \
+                 (write the partials with out_dtype SDPA_DTYPE_F32)",
+            ));
+        }
         let mut spans = Vec::new();
         let parts_raw =
             unsafe { input_array(args.parts, args.n_parts, "parts", &mut spans) }?.unwrap_or(&[]);

@@ -5,7 +5,7 @@
 use std::ffi::CStr;
 use std::ptr;
 
-use sdpa::{Alignment, Options, Tensor, TensorMut};
+use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
 use sdpa_capi::*;
 
 const B: usize = 2;
@@ -44,7 +44,7 @@ fn tensor(data: &[f32], dims: [usize; 4]) -> SdpaTensor {
 fn args(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: &mut [f32]) -> SdpaAttentionArgs {
     SdpaAttentionArgs {
         size: std::mem::size_of::<SdpaAttentionArgs>(),
-        dtype: SDPA_DTYPE_F32,
+        q_dtype: SDPA_DTYPE_F32,
         q: tensor(q, [B, NQ, H, D]),
         k: tensor(k, [B, NKV, HKV, D]),
         v: tensor(v, [B, NKV, HKV, D]),
@@ -55,6 +55,8 @@ fn args(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: &mut [f32]) -> Sd
         },
         lse: lse.as_mut_ptr(),
         lse_len: lse.len(),
+        kv_dtype: SDPA_DTYPE_F32,
+        out_dtype: SDPA_DTYPE_F32,
     }
 }
 
@@ -246,12 +248,19 @@ fn bad_inputs_give_statuses_and_the_rust_messages() {
     assert_eq!(call(&good, &bad), SdpaStatus::InvalidSoftcap);
     assert_eq!(message(), sdpa::Error::InvalidSoftcap(-1.0).to_string());
 
-    // Types.
+    // Types: values outside SDPA_DTYPE_*, for each group.
     let mut a = good;
-    a.dtype = SDPA_DTYPE_BF16;
+    a.q_dtype = 99;
     assert_eq!(call(&a, &o), SdpaStatus::UnsupportedType);
-    a.dtype = 99;
+    assert!(message().contains("q_dtype"), "{}", message());
+    let mut a = good;
+    a.kv_dtype = 3;
     assert_eq!(call(&a, &o), SdpaStatus::UnsupportedType);
+    assert!(message().contains("kv_dtype"), "{}", message());
+    let mut a = good;
+    a.out_dtype = u32::MAX;
+    assert_eq!(call(&a, &o), SdpaStatus::UnsupportedType);
+    assert!(message().contains("out_dtype"), "{}", message());
 
     // The LSE overlapping the output.
     let mut a = good;
@@ -301,4 +310,250 @@ fn private_pools_per_calling_thread_give_the_same_bits() {
     }
     assert_eq!(sdpa_set_num_threads(0), SdpaStatus::Ok);
     assert_eq!(run(), want);
+}
+
+/// Values of type `T` (exactly representable in it, so the f32 and typed runs see one input).
+fn typed<T: Element>(n: usize, seed: u32) -> Vec<T> {
+    data(n, seed).into_iter().map(T::from_f32).collect()
+}
+
+fn dtype_of<T: Element>() -> u32 {
+    match T::NAME {
+        "f32" => SDPA_DTYPE_F32,
+        "f16" => SDPA_DTYPE_F16,
+        "bf16" => SDPA_DTYPE_BF16,
+        other => panic!("unknown element type {other}"),
+    }
+}
+
+/// One typed call through the C API against the same call through the Rust API (bitwise), and
+/// the C API's reference within the documented bound (plus the output's rounding).
+fn typed_call_matches_rust<Q: Element, KV: Element, O: Element>(seed: u32) {
+    let q: Vec<Q> = typed(B * NQ * H * D, seed);
+    let k: Vec<KV> = typed(B * NKV * HKV * D, seed + 1);
+    let v: Vec<KV> = typed(B * NKV * HKV * D, seed + 2);
+    let zero = O::from_f32(0.0);
+    let kv_lens = [NKV, 8usize];
+    let mut o = no_options();
+    o.causal = SDPA_ALIGN_BOTTOM_RIGHT;
+    o.kv_lens = kv_lens.as_ptr();
+    o.kv_lens_len = kv_lens.len();
+    let opts = Options::new()
+        .causal(Alignment::BottomRight)
+        .kv_lens(&kv_lens);
+
+    let c_call = |reference: bool| {
+        let mut out = vec![zero; B * NQ * H * D];
+        let mut lse = vec![0f32; B * H * NQ];
+        let a = SdpaAttentionArgs {
+            size: std::mem::size_of::<SdpaAttentionArgs>(),
+            q_dtype: dtype_of::<Q>(),
+            q: SdpaTensor {
+                data: q.as_ptr().cast(),
+                dims: [B, NQ, H, D],
+                strides: contiguous([B, NQ, H, D]),
+            },
+            k: SdpaTensor {
+                data: k.as_ptr().cast(),
+                dims: [B, NKV, HKV, D],
+                strides: contiguous([B, NKV, HKV, D]),
+            },
+            v: SdpaTensor {
+                data: v.as_ptr().cast(),
+                dims: [B, NKV, HKV, D],
+                strides: contiguous([B, NKV, HKV, D]),
+            },
+            out: SdpaTensorMut {
+                data: out.as_mut_ptr().cast(),
+                dims: [B, NQ, H, D],
+                strides: contiguous([B, NQ, H, D]),
+            },
+            lse: lse.as_mut_ptr(),
+            lse_len: lse.len(),
+            kv_dtype: dtype_of::<KV>(),
+            out_dtype: dtype_of::<O>(),
+        };
+        // SAFETY: every pointer is valid for the dims and element types given.
+        let status = unsafe {
+            if reference {
+                sdpa_reference_attention(&a, &o)
+            } else {
+                sdpa_attention(&a, &o)
+            }
+        };
+        assert_eq!(status, SdpaStatus::Ok, "{}", message());
+        (out, lse)
+    };
+    let (out_c, lse_c) = c_call(false);
+
+    let qt = Tensor::bshd(&q, [B, NQ, H, D]).unwrap();
+    let kt = Tensor::bshd(&k, [B, NKV, HKV, D]).unwrap();
+    let vt = Tensor::bshd(&v, [B, NKV, HKV, D]).unwrap();
+    let mut out_r = vec![zero; B * NQ * H * D];
+    let mut lse_r = vec![0f32; B * H * NQ];
+    sdpa::attention_lse(
+        &qt,
+        &kt,
+        &vt,
+        &mut TensorMut::bshd(&mut out_r, [B, NQ, H, D]).unwrap(),
+        &mut lse_r,
+        &opts,
+    )
+    .unwrap();
+    let bits = |x: &[O]| x.iter().map(|e| e.to_f32().to_bits()).collect::<Vec<_>>();
+    let what = format!("Q {}, KV {}, out {}", Q::NAME, KV::NAME, O::NAME);
+    assert_eq!(bits(&out_c), bits(&out_r), "{what}");
+    assert_eq!(lse_c, lse_r, "{what}");
+
+    // The reference through the C API, typed the same way, within the bound.
+    let (out_ref, lse_ref) = c_call(true);
+    let bounds = sdpa::reference::error_bounds(&qt, &kt, &vt, &opts).unwrap();
+    for b in 0..B {
+        for i in 0..NQ {
+            for h in 0..H {
+                let row = (b * H + h) * NQ + i;
+                let bound = bounds[row].for_output::<O>();
+                for d in 0..D {
+                    let at = ((b * NQ + i) * H + h) * D + d;
+                    let (x, y) = (out_c[at].to_f64(), out_ref[at].to_f64());
+                    assert!(
+                        (x - y).abs() <= bound.out,
+                        "{what}: {x} vs {y} (bound {})",
+                        bound.out
+                    );
+                }
+                let (x, y) = (f64::from(lse_c[row]), f64::from(lse_ref[row]));
+                assert!((x - y).abs() <= bound.lse, "{what}: lse {x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn typed_calls_match_the_rust_api_bitwise() {
+    use sdpa::half::{bf16, f16};
+    // llama.cpp's way: an f16 KV cache, f32 queries and output.
+    typed_call_matches_rust::<f32, f16, f32>(20);
+    typed_call_matches_rust::<bf16, bf16, bf16>(23);
+    typed_call_matches_rust::<f16, f16, f16>(26);
+    typed_call_matches_rust::<f32, bf16, f16>(29);
+    typed_call_matches_rust::<bf16, f32, f32>(32);
+}
+
+#[test]
+fn first_version_args_give_every_operand_the_one_dtype() {
+    use sdpa::half::f16;
+    let q: Vec<f16> = typed(B * NQ * H * D, 40);
+    let k: Vec<f16> = typed(B * NKV * HKV * D, 41);
+    let v: Vec<f16> = typed(B * NKV * HKV * D, 42);
+    let mut out_c = vec![f16::ZERO; B * NQ * H * D];
+    let mut lse = vec![0f32; B * H * NQ];
+    let mut a = args(&[], &[], &[], &mut [], &mut lse);
+    a.q.data = q.as_ptr().cast();
+    a.k.data = k.as_ptr().cast();
+    a.v.data = v.as_ptr().cast();
+    a.out.data = out_c.as_mut_ptr().cast();
+    // A caller compiled against the first struct: `dtype` (now q_dtype) is everyone's type, and
+    // the bytes past its size (kv_dtype, out_dtype: garbage here) are not read.
+    a.size = std::mem::offset_of!(SdpaAttentionArgs, kv_dtype);
+    a.q_dtype = SDPA_DTYPE_F16;
+    a.kv_dtype = 77;
+    a.out_dtype = 77;
+    // SAFETY: valid pointers for f16 elements.
+    assert_eq!(
+        unsafe { sdpa_attention(&a, ptr::null()) },
+        SdpaStatus::Ok,
+        "{}",
+        message()
+    );
+    let mut out_r = vec![f16::ZERO; B * NQ * H * D];
+    sdpa::attention(
+        &Tensor::bshd(&q, [B, NQ, H, D]).unwrap(),
+        &Tensor::bshd(&k, [B, NKV, HKV, D]).unwrap(),
+        &Tensor::bshd(&v, [B, NKV, HKV, D]).unwrap(),
+        &mut TensorMut::bshd(&mut out_r, [B, NQ, H, D]).unwrap(),
+        &Options::new(),
+    )
+    .unwrap();
+    assert!(out_c
+        .iter()
+        .zip(&out_r)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    // Smaller than the first version: rejected.
+    a.size -= 8;
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { sdpa_attention(&a, ptr::null()) },
+        SdpaStatus::InvalidStructSize
+    );
+}
+
+#[test]
+fn alignment_follows_each_operands_element_size() {
+    use sdpa::half::f16;
+    let (q, v) = (data(B * NQ * H * D, 50), data(B * NKV * HKV * D, 52));
+    // K in f16 starting 2 bytes into its buffer: aligned for f16 (and it would not be for f32).
+    let k_buf: Vec<f16> = typed(B * NKV * HKV * D + 1, 51);
+    let k16: Vec<f16> = k_buf[1..].to_vec();
+    let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+    let mut out = vec![0f32; B * NQ * H * D];
+    let mut lse = vec![0f32; B * H * NQ];
+    let mut a = args(&q, &[], &[], &mut out, &mut lse);
+    a.kv_dtype = SDPA_DTYPE_F16;
+    a.k.data = k_buf[1..].as_ptr().cast();
+    a.v.data = v16.as_ptr().cast();
+    let o = no_options();
+    // SAFETY: valid pointers for the declared types.
+    assert_eq!(
+        unsafe { sdpa_attention(&a, &o) },
+        SdpaStatus::Ok,
+        "{}",
+        message()
+    );
+    let mut out_r = vec![0f32; B * NQ * H * D];
+    sdpa::attention(
+        &Tensor::bshd(&q, [B, NQ, H, D]).unwrap(),
+        &Tensor::bshd(&k16, [B, NKV, HKV, D]).unwrap(),
+        &Tensor::bshd(&v16, [B, NKV, HKV, D]).unwrap(),
+        &mut TensorMut::bshd(&mut out_r, [B, NQ, H, D]).unwrap(),
+        &Options::new(),
+    )
+    .unwrap();
+    assert_eq!(out, out_r);
+    // The same address declared f32 is misaligned; an odd address is misaligned for f16.
+    let mut b = a;
+    b.kv_dtype = SDPA_DTYPE_F32;
+    b.k.dims[0] = 1; // keep the f32 view inside the buffer
+    b.v.dims[0] = 1;
+    // SAFETY: rejected before use.
+    let status = unsafe { sdpa_attention(&b, &o) };
+    assert_eq!(status, SdpaStatus::Misaligned, "{}", message());
+    let mut b = a;
+    b.k.data = (k_buf.as_ptr() as *const u8).wrapping_add(1).cast();
+    // SAFETY: rejected before use.
+    assert_eq!(unsafe { sdpa_attention(&b, &o) }, SdpaStatus::Misaligned);
+    assert!(message().contains("2 bytes"), "{}", message());
+    // A half-typed output overlapping an input is still seen.
+    let mut b = a;
+    b.out_dtype = SDPA_DTYPE_F16;
+    b.out.data = v16.as_ptr() as *mut _;
+    // SAFETY: rejected before use.
+    assert_eq!(
+        unsafe { sdpa_attention(&b, &o) },
+        SdpaStatus::AliasedBuffers
+    );
+}
+
+#[test]
+fn merge_takes_f32_only() {
+    // SAFETY: all-zero is a valid SdpaMergeArgs; rejected before any pointer is read.
+    let mut m: SdpaMergeArgs = unsafe { std::mem::zeroed() };
+    m.size = std::mem::size_of::<SdpaMergeArgs>();
+    m.dtype = SDPA_DTYPE_F16;
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { sdpa_merge_partials(&m) },
+        SdpaStatus::UnsupportedType
+    );
+    assert!(message().contains("f32 only"), "{}", message());
 }

@@ -2,7 +2,8 @@
  * .ci/capi). Builds ggml-like strided tensors (a KV cache with spare capacity, V stored
  * transposed as llama.cpp's non-flash path does, padded and permuted Q), runs GQA causal
  * attention with LSE, and checks it against a plain double-precision loop written here and
- * against sdpa's f64 reference called through the C API. Then bad inputs, threads and a merge.
+ * against sdpa's f64 reference called through the C API. Then bad inputs, threads, a merge,
+ * and the element types: an f16 KV cache with f32 Q/out (llama.cpp's way) and all-bf16.
  * Exit status 0 on success; every failed check prints a line. */
 #include "sdpa.h"
 
@@ -36,6 +37,65 @@ enum { B = 2, NQ = 5, NKV = 13, CAP = 16, H = 8, HKV = 2, D = 32, QPAD = 3 };
 
 static size_t at(const size_t strides[4], size_t b, size_t s, size_t h, size_t d) {
     return b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3];
+}
+
+/* IEEE binary16 and bfloat16 as uint16_t bit patterns (C99 has no half type). Round to
+ * nearest even; the values here are finite and far below f16's range. */
+static uint16_t f32_to_f16(float x) {
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs((double)x), m;
+    int e;
+    if (a == 0.0) return sign;
+    frexp(a, &e);
+    e -= 1; /* a in [2^e, 2^(e+1)) */
+    if (e < -14) return (uint16_t)(sign | (uint16_t)rint(a * 16777216.0)); /* 2^-24 units */
+    m = rint(ldexp(a, 10 - e)); /* in [1024, 2048] */
+    if (m == 2048.0) {
+        m = 1024.0;
+        e += 1;
+    }
+    return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | (uint16_t)(m - 1024.0));
+}
+
+static float f16_to_f32(uint16_t h) {
+    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+    return (float)((h & 0x8000) ? -v : v);
+}
+
+static uint16_t f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* max |x - y| over n outputs of type dtype (f32, f16 or bf16 bit patterns). */
+static double max_diff(const void *x, const void *y, size_t n, uint32_t dtype) {
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double a, b;
+        if (dtype == SDPA_DTYPE_F32) {
+            a = ((const float *)x)[i];
+            b = ((const float *)y)[i];
+        } else if (dtype == SDPA_DTYPE_F16) {
+            a = f16_to_f32(((const uint16_t *)x)[i]);
+            b = f16_to_f32(((const uint16_t *)y)[i]);
+        } else {
+            a = bf16_to_f32(((const uint16_t *)x)[i]);
+            b = bf16_to_f32(((const uint16_t *)y)[i]);
+        }
+        double d = fabs(a - b);
+        if (d != d || d > worst) worst = d; /* NaN counts as the worst */
+    }
+    return worst;
 }
 
 int main(void) {
@@ -78,7 +138,9 @@ int main(void) {
     sdpa_attention_args args;
     memset(&args, 0, sizeof args);
     args.size = sizeof args;
-    args.dtype = SDPA_DTYPE_F32;
+    args.q_dtype = SDPA_DTYPE_F32;
+    args.kv_dtype = SDPA_DTYPE_F32;
+    args.out_dtype = SDPA_DTYPE_F32;
     args.q.data = q;
     args.k.data = k;
     args.v.data = v;
@@ -188,9 +250,11 @@ int main(void) {
           sdpa_last_error_message());
 
     bad = args;
-    bad.dtype = SDPA_DTYPE_F16;
+    bad.kv_dtype = 7;
     st = sdpa_attention(&bad, &opts);
-    CHECK(st == SDPA_STATUS_UNSUPPORTED_TYPE, "f16: %s", sdpa_status_name(st));
+    CHECK(st == SDPA_STATUS_UNSUPPORTED_TYPE, "dtype 7: %s", sdpa_status_name(st));
+    CHECK(strstr(sdpa_last_error_message(), "kv_dtype") != NULL, "dtype 7 message: %s",
+          sdpa_last_error_message());
 
     bad = args;
     bad.size = 8;
@@ -289,7 +353,115 @@ int main(void) {
         free(p1);
     }
 
-    /* 7. ALiBi slopes helper. */
+    /* 7. Element types: the same strided layouts holding f16 / bf16 bit patterns (element
+     * strides unchanged, 2-byte elements). Each typed run is checked against sdpa's reference
+     * on the same typed inputs through the C API, within |fused - reference| <=
+     * 2·u_out·max|v| + 1e-5 (u_out: 2^-11 f16, 2^-8 bf16, 2^-24 f32; max|v| <= 1 here), and
+     * against the f32 run above within the inputs' own rounding. */
+    {
+        uint16_t *q16 = malloc(q_len * sizeof(uint16_t));
+        uint16_t *k16 = malloc(k_len * sizeof(uint16_t));
+        uint16_t *v16 = malloc(v_len * sizeof(uint16_t));
+        uint16_t *kb = malloc(k_len * sizeof(uint16_t));
+        uint16_t *vb = malloc(v_len * sizeof(uint16_t));
+        uint16_t *qb = malloc(q_len * sizeof(uint16_t));
+        float *o32 = calloc(o_len, sizeof(float)), *o32_ref = calloc(o_len, sizeof(float));
+        uint16_t *ob = calloc(o_len, sizeof(uint16_t)), *ob_ref = calloc(o_len, sizeof(uint16_t));
+        float lt[B * H * NQ], lt_ref[B * H * NQ];
+        if (!q16 || !k16 || !v16 || !kb || !vb || !qb || !o32 || !o32_ref || !ob || !ob_ref)
+            return 2;
+        for (size_t i = 0; i < k_len; i++) {
+            k16[i] = f32_to_f16(k[i]);
+            kb[i] = f32_to_bf16(k[i]);
+        }
+        for (size_t i = 0; i < v_len; i++) {
+            v16[i] = f32_to_f16(v[i]);
+            vb[i] = f32_to_bf16(v[i]);
+        }
+        for (size_t i = 0; i < q_len; i++) {
+            q16[i] = f32_to_f16(q[i]);
+            qb[i] = f32_to_bf16(q[i]);
+        }
+        CHECK(f16_to_f32(f32_to_f16(0.1f)) == 0.0999755859375f, "f16 encoder");
+        CHECK(bf16_to_f32(f32_to_bf16(0.1f)) == 0.10009765625f, "bf16 encoder");
+
+        /* 7a. llama.cpp's way: an f16 KV cache (V transposed), f32 queries and output. */
+        sdpa_attention_args t = args;
+        t.kv_dtype = SDPA_DTYPE_F16;
+        t.k.data = k16;
+        t.v.data = v16;
+        t.out.data = o32;
+        t.lse = lt;
+        st = sdpa_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_OK, "f16 KV: %s", sdpa_last_error_message());
+        t.out.data = o32_ref;
+        t.lse = lt_ref;
+        st = sdpa_reference_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_OK, "f16 KV reference: %s", sdpa_last_error_message());
+        double err = max_diff(o32, o32_ref, o_len, SDPA_DTYPE_F32);
+        CHECK(err <= 2.0 * ldexp(1.0, -24) + 1e-5, "f16 KV vs reference: %g", err);
+        for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
+            CHECK(fabsf(lt[i] - lt_ref[i]) < 1e-5f, "f16 KV lse[%zu]: %g vs %g", i, lt[i],
+                  lt_ref[i]);
+        err = max_diff(o32, out, o_len, SDPA_DTYPE_F32);
+        CHECK(err < 4e-3, "f16 KV vs f32 KV: %g (more than the KV cache's rounding)", err);
+
+        /* 7b. Everything bf16. */
+        t = args;
+        t.q_dtype = t.kv_dtype = t.out_dtype = SDPA_DTYPE_BF16;
+        t.q.data = qb;
+        t.k.data = kb;
+        t.v.data = vb;
+        t.out.data = ob;
+        t.lse = lt;
+        st = sdpa_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_OK, "bf16: %s", sdpa_last_error_message());
+        t.out.data = ob_ref;
+        t.lse = lt_ref;
+        st = sdpa_reference_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_OK, "bf16 reference: %s", sdpa_last_error_message());
+        err = max_diff(ob, ob_ref, o_len, SDPA_DTYPE_BF16);
+        CHECK(err <= 2.0 * ldexp(1.0, -8) + 1e-5, "bf16 vs reference: %g", err);
+        for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
+            CHECK(fabsf(lt[i] - lt_ref[i]) < 1e-4f, "bf16 lse[%zu]: %g vs %g", i, lt[i],
+                  lt_ref[i]);
+        {
+            double worst = 0.0;
+            for (size_t i = 0; i < o_len; i++) {
+                double d = fabs((double)bf16_to_f32(ob[i]) - (double)out[i]);
+                if (d != d || d > worst) worst = d;
+            }
+            CHECK(worst < 5e-2, "bf16 vs f32: %g (more than bf16's rounding)", worst);
+        }
+
+        /* 7c. f16 pointers need 2-byte alignment, not 4; an odd address is misaligned. */
+        t = args;
+        t.kv_dtype = SDPA_DTYPE_F16;
+        t.k.data = k16 + 1;
+        t.k.dims[0] = 1; /* keep the shifted view inside the buffer */
+        t.v.data = v16;
+        t.v.dims[0] = 1;
+        t.q.dims[0] = t.out.dims[0] = 1;
+        t.lse_len = H * NQ;
+        st = sdpa_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_OK, "f16 K at 2 bytes: %s", sdpa_last_error_message());
+        t.k.data = (const unsigned char *)k16 + 1;
+        st = sdpa_attention(&t, &opts);
+        CHECK(st == SDPA_STATUS_MISALIGNED, "f16 K at 1 byte: %s", sdpa_status_name(st));
+
+        free(q16);
+        free(k16);
+        free(v16);
+        free(qb);
+        free(kb);
+        free(vb);
+        free(o32);
+        free(o32_ref);
+        free(ob);
+        free(ob_ref);
+    }
+
+    /* 8. ALiBi slopes helper. */
     {
         float slopes[8];
         CHECK(sdpa_alibi_slopes(8, slopes, 8) == SDPA_STATUS_OK, "slopes");
