@@ -6,16 +6,12 @@
 
 use sdpa::{Alignment, Options, Tensor, TensorMut};
 
+mod support;
+use support::values::SplitMix;
+
+/// `len` values uniform in `[−1, 1)`: the tests' one filler.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    SplitMix::unit_values(len, seed)
 }
 
 #[test]
