@@ -29,9 +29,13 @@
 //! ```
 //!
 //! ## Element types
-//! sdpa computes in f32 today. f16 and bf16 tensors are accepted: the adapter converts them to
-//! f32 (one copy of Q, K, V and the mask) and the output back to the input type. Native
-//! half-precision kernels come with sdpa's element-types issue; then these copies go away.
+//! Q, K and V may be f32, f16 or bf16 and are read natively, in place: the views are built
+//! straight from candle's `CpuStorage::F32` / `F16` / `BF16` slices, sdpa converts
+//! half-precision rows to f32 block by block inside its kernel (arithmetic is f32), and the
+//! output, allocated in **Q's dtype**, is rounded once. K and V must share a dtype; Q may differ
+//! from them (f32 queries over an f16 or bf16 KV cache run natively, with an f32 result).
+//! A float mask of a half type is converted to f32 (one copy of the mask, whose elements sdpa
+//! adds to the f32 scores).
 //!
 //! ## Masks
 //! An optional mask broadcasts to `[batch, heads, n_q, n_kv]` (rank 2 to 4; leading dims may
@@ -51,7 +55,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{
     bail, CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
-use half::{bf16, f16};
+use sdpa::Element;
 
 pub use sdpa::Alignment;
 
@@ -60,6 +64,7 @@ pub use sdpa::Alignment;
 ///
 /// Q is `[B, H, n_q, d_k]`, K `[B, H_kv, n_kv, d_k]`, V `[B, H_kv, n_kv, d_v]`, with `H` a
 /// multiple of `H_kv`; the result is a new contiguous `[B, H, n_q, d_v]` tensor of Q's type.
+/// Each of Q and K/V is f32, f16 or bf16 (K and V share one), read natively.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Attention {
     scale: Option<f32>,
@@ -105,8 +110,8 @@ impl Attention {
     /// kinds).
     ///
     /// # Errors
-    /// Non-CPU tensors, mixed or unsupported element types, ranks other than 4, and every
-    /// [`sdpa::Error`] (shapes, heads, options), with sdpa's message.
+    /// Non-CPU tensors, unsupported element types, K and V of different types, ranks other
+    /// than 4, and every [`sdpa::Error`] (shapes, heads, options), with sdpa's message.
     pub fn forward(
         &self,
         q: &Tensor,
@@ -256,21 +261,10 @@ impl CustomOp3 for Op<'_> {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dtype = s1.dtype();
-        if s2.dtype() != dtype || s3.dtype() != dtype {
-            bail!(
-                "sdpa-candle: q, k and v must have one dtype, got {:?}, {:?}, {:?}",
-                dtype,
-                s2.dtype(),
-                s3.dtype()
-            );
-        }
-        let q = F32View::new(s1, l1, "q")?;
-        let k = F32View::new(s2, l2, "k")?;
-        let v = F32View::new(s3, l3, "v")?;
-        let [b, h, n_q, _] = q.dims;
-        let d_v = v.dims[3];
-        let (q_t, k_t, v_t) = (q.tensor()?, k.tensor()?, v.tensor()?);
+        let q_dims = dims4(l1, "q")?;
+        let v_dims = dims4(l3, "v")?;
+        let [b, h, n_q, _] = q_dims;
+        let d_v = v_dims[3];
 
         let mut bias_data = None;
         let mut keep_data = None;
@@ -287,20 +281,85 @@ impl CustomOp3 for Op<'_> {
         let keep = keep_data.as_ref().map(|m| m.tensor()).transpose()?;
         let opts = self.cfg.options(bias, keep);
 
-        let len = b * h * n_q * d_v;
-        let mut out = vec![0f32; len];
-        let mut out_t =
-            sdpa::TensorMut::bhsd(&mut out, [b, h, n_q, d_v]).map_err(candle_core::Error::wrap)?;
-        sdpa::attention(&q_t, &k_t, &v_t, &mut out_t, &opts).map_err(candle_core::Error::wrap)?;
-        let shape = Shape::from((b, h, n_q, d_v));
-        let storage = match dtype {
-            DType::F32 => CpuStorage::F32(out),
-            DType::F16 => CpuStorage::F16(out.into_iter().map(f16::from_f32).collect()),
-            DType::BF16 => CpuStorage::BF16(out.into_iter().map(bf16::from_f32).collect()),
-            _ => unreachable!("F32View::new accepted only float types"),
-        };
-        Ok((storage, shape))
+        let out_dims = [b, h, n_q, d_v];
+        let storage = match s1 {
+            CpuStorage::F32(q) => with_q(view(q, l1, "q")?, s2, l2, s3, l3, out_dims, &opts),
+            CpuStorage::F16(q) => with_q(view(q, l1, "q")?, s2, l2, s3, l3, out_dims, &opts),
+            CpuStorage::BF16(q) => with_q(view(q, l1, "q")?, s2, l2, s3, l3, out_dims, &opts),
+            other => bail!(
+                "sdpa-candle: q has dtype {:?}; f32, f16 and bf16 are supported",
+                other.dtype()
+            ),
+        }?;
+        Ok((storage, Shape::from((b, h, n_q, d_v))))
     }
+}
+
+/// A rank-4 layout's dims (candle's `[B, H, S, D]`).
+fn dims4(layout: &Layout, name: &str) -> Result<[usize; 4]> {
+    layout.dims().try_into().map_err(|_| {
+        candle_core::Error::msg(format!(
+            "sdpa-candle: {name} must be [batch, heads, seq, dim], got shape {:?}",
+            layout.dims()
+        ))
+    })
+}
+
+/// sdpa's view of a rank-4 candle tensor, borrowed in place: its storage slice from the
+/// layout's start offset, with its strides (any, including transposed and `slice_set` caches).
+fn view<'a, T>(data: &'a [T], layout: &Layout, name: &str) -> Result<sdpa::Tensor<'a, T>> {
+    let dims = dims4(layout, name)?;
+    let strides: [usize; 4] = layout.stride().try_into().expect("rank 4");
+    let data = data.get(layout.start_offset()..).unwrap_or(&[]);
+    sdpa::Tensor::new(data, bhsd_to_bshd(dims), bhsd_to_bshd(strides))
+        .map_err(candle_core::Error::wrap)
+}
+
+/// Attention with Q typed: dispatches on the type of K and V, which must share one.
+fn with_q<Q: Element + WithDType>(
+    q: sdpa::Tensor<'_, Q>,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+    out_dims: [usize; 4],
+    opts: &sdpa::Options<'_>,
+) -> Result<CpuStorage> {
+    match (s2, s3) {
+        (CpuStorage::F32(k), CpuStorage::F32(v)) => {
+            run(&q, &view(k, l2, "k")?, &view(v, l3, "v")?, out_dims, opts)
+        }
+        (CpuStorage::F16(k), CpuStorage::F16(v)) => {
+            run(&q, &view(k, l2, "k")?, &view(v, l3, "v")?, out_dims, opts)
+        }
+        (CpuStorage::BF16(k), CpuStorage::BF16(v)) => {
+            run(&q, &view(k, l2, "k")?, &view(v, l3, "v")?, out_dims, opts)
+        }
+        _ if s2.dtype() != s3.dtype() => bail!(
+            "sdpa-candle: k and v must have one dtype, got {:?} and {:?}",
+            s2.dtype(),
+            s3.dtype()
+        ),
+        _ => bail!(
+            "sdpa-candle: k and v have dtype {:?}; f32, f16 and bf16 are supported",
+            s2.dtype()
+        ),
+    }
+}
+
+/// The typed call: the output is allocated in Q's type, `[B, H, n_q, d_v]` contiguous.
+fn run<Q: Element + WithDType, KV: Element>(
+    q: &sdpa::Tensor<'_, Q>,
+    k: &sdpa::Tensor<'_, KV>,
+    v: &sdpa::Tensor<'_, KV>,
+    out_dims: [usize; 4],
+    opts: &sdpa::Options<'_>,
+) -> Result<CpuStorage> {
+    let len = out_dims.iter().product();
+    let mut out = vec![<Q as Element>::from_f32(0.0); len];
+    let mut out_t = sdpa::TensorMut::bhsd(&mut out, out_dims).map_err(candle_core::Error::wrap)?;
+    sdpa::attention(q, k, v, &mut out_t, opts).map_err(candle_core::Error::wrap)?;
+    Ok(Q::to_cpu_storage_owned(out))
 }
 
 /// Candle `[B, H, S, D]` dims and strides as sdpa's logical `[B, S, H, D]`.
@@ -308,8 +367,8 @@ fn bhsd_to_bshd(x: [usize; 4]) -> [usize; 4] {
     [x[0], x[2], x[1], x[3]]
 }
 
-/// An f32 view of a candle storage: borrowed for f32, a converted copy for f16/bf16. Dims and
-/// strides in candle's `[B, H, S, D]` order.
+/// An f32 view of a float mask: borrowed for f32, a converted copy for f16/bf16 (sdpa's bias is
+/// f32). Dims and strides in candle's `[B, H, S, D]` order.
 struct F32View<'a> {
     data: Cow<'a, [f32]>,
     dims: [usize; 4],
@@ -317,17 +376,6 @@ struct F32View<'a> {
 }
 
 impl<'a> F32View<'a> {
-    fn new(storage: &'a CpuStorage, layout: &Layout, name: &str) -> Result<Self> {
-        let dims: [usize; 4] = layout.dims().try_into().map_err(|_| {
-            candle_core::Error::msg(format!(
-                "sdpa-candle: {name} must be [batch, heads, seq, dim], got shape {:?}",
-                layout.dims()
-            ))
-        })?;
-        let strides: [usize; 4] = layout.stride().try_into().expect("rank 4");
-        Self::from_parts(storage, layout, dims, strides, name)
-    }
-
     /// A float mask, padded to rank 4 with broadcast leading dims.
     fn mask(storage: &'a CpuStorage, layout: &Layout) -> Result<Self> {
         let (dims, strides) = mask_dims(layout)?;

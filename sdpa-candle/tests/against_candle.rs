@@ -195,24 +195,48 @@ fn decode_over_a_slice_set_kv_cache() -> Result<()> {
     Ok(())
 }
 
+/// Unit roundoff of a half output type: `2⁻¹¹` for f16, `2⁻⁸` for bf16.
+fn unit_roundoff(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => 1.0 / 2048.0,
+        DType::BF16 => 1.0 / 256.0,
+        DType::F32 => 0.0, // within TOL
+        other => panic!("not a float type: {other:?}"),
+    }
+}
+
+fn max_abs(t: &Tensor) -> Result<f32> {
+    t.to_dtype(DType::F32)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()
+}
+
+/// f16/bf16 Q, K, V are read natively and the output comes back in their type: against
+/// candle's own ops computed in f32 on the same (rounded) inputs, within the output's one
+/// rounding, `u·max|v|`, plus the f32 tolerance.
 #[test]
-fn half_precision_inputs_are_converted() -> Result<()> {
+fn half_precision_inputs_run_natively() -> Result<()> {
     let (b, s, h, h_kv, d) = (1, 17, 4, 2, 32);
     let (q, k, v) = projections(b, s, h, h_kv, d, 4)?;
     for dtype in [DType::F16, DType::BF16] {
-        let (qh, kh, vh) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
+        // Strided views (transposed half-precision projections), as a model passes them.
+        let half = |t: &Tensor| t.transpose(1, 2)?.to_dtype(dtype)?.transpose(1, 2);
+        let (qh, kh, vh) = (half(&q)?, half(&k)?, half(&v)?);
+        assert!(!qh.is_contiguous() && !kh.is_contiguous());
         let want = unfused(
             &qh.to_dtype(DType::F32)?,
             &kh.to_dtype(DType::F32)?,
             &vh.to_dtype(DType::F32)?,
             Some(&causal_mask(s, s, None)?),
         )?;
+        let tol = unit_roundoff(dtype) * max_abs(&vh)? + TOL;
         let got = sdpa(&qh, &kh, &vh, None, true, 1.0 / (d as f32).sqrt(), 1.0)?;
         assert_eq!(got.dtype(), dtype);
-        // One rounding of the output to the half type.
-        let tol = if dtype == DType::F16 { 2e-3 } else { 1e-2 };
-        assert!(max_diff(&got, &want)? < tol, "{dtype:?}");
-        // A half-precision additive mask is converted too.
+        let err = max_diff(&got, &want)?;
+        assert!(err <= tol, "{dtype:?}: {err} > {tol}");
+        // An additive mask of the half type (converted to f32: sdpa's bias is f32).
         let mask = causal_mask(s, s, None)?.to_dtype(dtype)?;
         let got = sdpa(
             &qh,
@@ -223,8 +247,49 @@ fn half_precision_inputs_are_converted() -> Result<()> {
             1.0 / (d as f32).sqrt(),
             1.0,
         )?;
-        assert!(max_diff(&got, &want)? < tol, "{dtype:?} mask");
+        let err = max_diff(&got, &want)?;
+        assert!(err <= tol, "{dtype:?} mask: {err} > {tol}");
     }
+    Ok(())
+}
+
+/// f32 queries over a half-precision KV cache grown with `slice_set` (llama.cpp's f16 cache,
+/// candle's `KvCache` in f16/bf16): natively, with an f32 result; K and V must share a type.
+#[test]
+fn f32_queries_over_a_half_kv_cache() -> Result<()> {
+    let (b, h, h_kv, d, steps) = (1, 8, 2, 32, 5);
+    for dtype in [DType::F16, DType::BF16] {
+        let mut cache = KvCache::new(2, 16);
+        for step in 0..steps {
+            let (q, k, v) = projections(b, 1, h, h_kv, d, 50 + step as u64)?;
+            let (k, v) = cache.append(&k.to_dtype(dtype)?, &v.to_dtype(dtype)?)?;
+            assert_eq!(k.dtype(), dtype);
+            let want = unfused(&q, &k.to_dtype(DType::F32)?, &v.to_dtype(DType::F32)?, None)?;
+            let got = sdpa(&q, &k, &v, None, true, 1.0 / (d as f32).sqrt(), 1.0)?;
+            assert_eq!(got.dtype(), DType::F32);
+            let err = max_diff(&got, &want)?;
+            assert!(err <= TOL, "{dtype:?} step {step}: {err}");
+            // Half queries over the same cache: the output in Q's type.
+            let got = sdpa(
+                &q.to_dtype(dtype)?,
+                &k,
+                &v,
+                None,
+                true,
+                1.0 / (d as f32).sqrt(),
+                1.0,
+            )?;
+            assert_eq!(got.dtype(), dtype);
+        }
+    }
+    let dev = Device::Cpu;
+    let q = Tensor::zeros((1, 2, 3, 8), DType::F32, &dev)?;
+    let k = Tensor::zeros((1, 2, 3, 8), DType::F16, &dev)?;
+    let v = Tensor::zeros((1, 2, 3, 8), DType::BF16, &dev)?;
+    let err = sdpa(&q, &k, &v, None, false, 1.0, 1.0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("k and v must have one dtype"), "{err}");
     Ok(())
 }
 
