@@ -26,6 +26,10 @@
 //! prints its own results and stays out of criterion: criterion divides what it measures by
 //! the iterations, which makes no sense for a peak.
 
+// The tests' support module: its counting allocator and its one deterministic filler.
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use plotters::prelude::*;
 use rayon::ThreadPool;
 use sdpa::{Options, Tensor, TensorMut};
@@ -37,9 +41,7 @@ use std::time::Instant;
 // ---------------------------------------------------------------------------------------------
 // The counting allocator.
 
-#[path = "support/counting_alloc.rs"]
-mod counting_alloc;
-use counting_alloc::{with_peak_heap, CountingAlloc};
+use support::counting_alloc::{with_peak_heap, CountingAlloc};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -94,17 +96,7 @@ struct Operands {
 impl Operands {
     fn new(n: usize) -> Self {
         let len = n * HEADS * D;
-        let values = |seed: u64| -> Vec<f32> {
-            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-                })
-                .collect()
-        };
+        let values = |seed: u64| support::values::SplitMix::unit_values(len, seed);
         Operands {
             q: values(1),
             k: values(2),

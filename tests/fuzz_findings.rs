@@ -1,20 +1,31 @@
 //! Regression tests for what the fuzz targets found (`tests/support/`), each minimized to a
 //! few elements. Every test states the documented behaviour it checks.
 
+mod support;
+
 use sdpa::reference::{self, ErrorBound};
 use sdpa::{Alignment, Options, Tensor, TensorMut};
+use support::differential::Shape;
 
 /// Runs fused `attention_lse` and the reference on contiguous BSHD operands; returns
 /// (fused out, fused lse, reference out, reference lse, bounds).
 #[allow(clippy::type_complexity)]
 fn both(
-    dims: [usize; 7], // batch, heads, kv_heads, n_q, n_kv, d_k, d_v
+    shape: Shape,
     q: &[f32],
     k: &[f32],
     v: &[f32],
     opts: &Options<'_>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<ErrorBound>) {
-    let [b, h, hk, n_q, n_kv, d_k, d_v] = dims;
+    let Shape {
+        batch: b,
+        heads: h,
+        kv_heads: hk,
+        n_q,
+        n_kv,
+        d_k,
+        d_v,
+    } = shape;
     let qt = Tensor::bshd(q, [b, n_q, h, d_k]).unwrap();
     let kt = Tensor::bshd(k, [b, n_kv, hk, d_k]).unwrap();
     let vt = Tensor::bshd(v, [b, n_kv, hk, d_v]).unwrap();
@@ -42,7 +53,7 @@ fn both(
 #[test]
 fn row_without_visible_keys_is_zero_even_if_v_has_nan() {
     let (fo, fl, ro, rl, _) = both(
-        [1, 1, 1, 2, 1, 1, 1],
+        Shape::new(1, 1, 1, 2, 1, 1, 1),
         &[1.0, 1.0],
         &[1.0],
         &[f32::NAN],
@@ -57,7 +68,7 @@ fn row_without_visible_keys_is_zero_even_if_v_has_nan() {
 #[test]
 fn row_without_visible_keys_is_zero_even_if_v_has_inf() {
     let (fo, fl, ..) = both(
-        [1, 1, 1, 3, 1, 2, 2],
+        Shape::new(1, 1, 1, 3, 1, 2, 2),
         &[0.5; 6],
         &[1.0, -1.0],
         &[f32::INFINITY, 1.0],
@@ -73,7 +84,7 @@ fn row_without_visible_keys_is_zero_even_if_v_has_inf() {
 fn huge_finite_scale_with_zero_scores() {
     let opts = Options::new().scale(3e38);
     let (fo, fl, ro, rl, bounds) = both(
-        [1, 1, 1, 1, 2, 1, 1],
+        Shape::new(1, 1, 1, 1, 2, 1, 1),
         &[0.0],
         &[1.0, 2.0],
         &[1.0, 3.0],
@@ -94,7 +105,7 @@ fn huge_finite_scale_with_zero_scores() {
 fn large_query_times_scale_with_zero_keys() {
     let opts = Options::new().scale(1e30);
     let (fo, fl, ro, rl, bounds) = both(
-        [1, 1, 1, 1, 2, 1, 1],
+        Shape::new(1, 1, 1, 1, 2, 1, 1),
         &[1e10],
         &[0.0, 0.0],
         &[1.0, 3.0],
@@ -119,7 +130,7 @@ fn large_query_times_scale_with_zero_keys() {
 fn values_near_f32_max_do_not_overflow() {
     let big = f32::MAX / 3.0;
     let (fo, _, ro, _, bounds) = both(
-        [1, 1, 1, 1, 3, 1, 1],
+        Shape::new(1, 1, 1, 1, 3, 1, 1),
         &[0.0],
         &[0.0; 3],
         &[big; 3],

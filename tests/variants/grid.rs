@@ -4,6 +4,7 @@
 
 use super::{check, rng, Buffer, Layout};
 use crate::support::alibi_slopes;
+use crate::support::differential::Shape;
 use rand::rngs::StdRng;
 use rand::Rng;
 use sdpa::{Alignment, Options};
@@ -11,7 +12,7 @@ use sdpa::{Alignment, Options};
 /// One random call: shapes, operands and every option's data (the options borrow from it).
 pub struct Case {
     pub label: String,
-    pub dims: [usize; 7],
+    pub shape: Shape,
     pub q: Buffer<f32>,
     pub k: Buffer<f32>,
     pub v: Buffer<f32>,
@@ -98,9 +99,17 @@ fn pick<T: Copy>(rng: &mut StdRng, xs: &[T]) -> T {
 }
 
 impl Case {
-    /// A random case of the given sizes `[batch, heads, kv_heads, n_q, n_kv, d_k, d_v]`.
-    pub fn random(rng: &mut StdRng, dims: [usize; 7], mix: Mix, label: String) -> Case {
-        let [b, h, hkv, nq, nkv, dk, dv] = dims;
+    /// A random case of the given sizes.
+    pub fn random(rng: &mut StdRng, shape: Shape, mix: Mix, label: String) -> Case {
+        let Shape {
+            batch: b,
+            heads: h,
+            kv_heads: hkv,
+            n_q: nq,
+            n_kv: nkv,
+            d_k: dk,
+            d_v: dv,
+        } = shape;
         let q_range = pick(rng, &[0.5f32, 1.0, 3.0]);
         let layouts: [Layout; 4] = std::array::from_fn(|_| Layout::random(rng));
         let q = Buffer::uniform(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
@@ -167,7 +176,7 @@ impl Case {
             .then(|| pick(rng, &[0.05f32, 0.3, 1.0, -0.5]));
         Case {
             label,
-            dims,
+            shape,
             q,
             k,
             v,
@@ -219,7 +228,7 @@ impl Case {
 
     /// A one-line description of the options in use, for failure messages.
     pub fn describe(&self) -> String {
-        let mut s = format!("{} {:?} {:?}", self.label, self.dims, self.align);
+        let mut s = format!("{} {:?} {:?}", self.label, self.shape, self.align);
         let flags = [
             ("causal", self.causal),
             ("window", self.window.is_some()),
@@ -257,7 +266,7 @@ impl Case {
 
 /// Random sizes: GQA ratios 1/2/4/8 (and MQA: one kv head), cross-attention both ways,
 /// d_k ≠ d_v, head sizes 1 … 256; shrunk until the f64 reference stays cheap.
-fn random_dims(rng: &mut StdRng) -> [usize; 7] {
+fn random_shape(rng: &mut StdRng) -> Shape {
     let b = pick(rng, &[1, 1, 2, 3]);
     let hkv = pick(rng, &[1, 1, 2, 3]);
     let h = hkv * pick(rng, &[1, 2, 4, 8]);
@@ -278,7 +287,7 @@ fn random_dims(rng: &mut StdRng) -> [usize; 7] {
             nkv = nkv.div_ceil(2);
         }
     }
-    [b, h, hkv, nq, nkv, dk, dv]
+    Shape::new(b, h, hkv, nq, nkv, dk, dv)
 }
 
 #[test]
@@ -290,17 +299,16 @@ fn random_option_combinations_match_the_reference() {
     let mut rows = 0;
     let mut cross = [0, 0];
     for case in 0..cases {
-        let dims = random_dims(&mut rng);
+        let shape = random_shape(&mut rng);
         // Every 8th case uses every option at once.
         let mix = if case % 8 == 0 { Mix::ALL } else { Mix::SOME };
-        let c = Case::random(&mut rng, dims, mix, format!("case {case}"));
+        let c = Case::random(&mut rng, shape, mix, format!("case {case}"));
         let r = c.check();
         worst = worst.max(r.worst_ratio);
         empty += r.empty_rows;
         rows += r.bounds.len();
-        let [_, _, _, nq, nkv, ..] = dims;
-        cross[0] += usize::from(nq < nkv);
-        cross[1] += usize::from(nq > nkv);
+        cross[0] += usize::from(shape.n_q < shape.n_kv);
+        cross[1] += usize::from(shape.n_q > shape.n_kv);
     }
     eprintln!(
         "{cases} cases: worst error/bound {worst:.3e}, {empty} of {rows} rows empty, \
@@ -322,22 +330,22 @@ fn random_option_combinations_match_the_reference() {
 #[test]
 fn decode_shapes_with_split_kv_match_the_reference() {
     let mut rng = rng(0xdec0de);
-    // [batch, heads, kv_heads, n_q, n_kv, d_k, d_v]
-    let shapes: [[usize; 7]; 8] = [
-        [1, 8, 1, 1, 4096, 128, 128],
-        [1, 8, 2, 1, 8192 + 5, 64, 64],
-        [1, 4, 1, 4, 5000, 64, 80],
-        [2, 2, 1, 3, 4133, 17, 33],
-        [1, 32, 8, 1, 4096, 64, 64],
-        [1, 1, 1, 2, 9000, 80, 16],
-        [2, 4, 2, 1, 4100, 128, 64],
-        [1, 2, 2, 4, 6000, 256, 128],
+    // Shape::new(batch, heads, kv_heads, n_q, n_kv, d_k, d_v)
+    let shapes: [Shape; 8] = [
+        Shape::new(1, 8, 1, 1, 4096, 128, 128),
+        Shape::new(1, 8, 2, 1, 8192 + 5, 64, 64),
+        Shape::new(1, 4, 1, 4, 5000, 64, 80),
+        Shape::new(2, 2, 1, 3, 4133, 17, 33),
+        Shape::new(1, 32, 8, 1, 4096, 64, 64),
+        Shape::new(1, 1, 1, 2, 9000, 80, 16),
+        Shape::new(2, 4, 2, 1, 4100, 128, 64),
+        Shape::new(1, 2, 2, 4, 6000, 256, 128),
     ];
     let mut worst = 0.0f64;
-    for (n, dims) in shapes.into_iter().enumerate() {
+    for (n, shape) in shapes.into_iter().enumerate() {
         for rep in 0..2 {
             let mix = if rep == 0 { Mix::SOME } else { Mix::ALL };
-            let c = Case::random(&mut rng, dims, mix, format!("decode {n}.{rep}"));
+            let c = Case::random(&mut rng, shape, mix, format!("decode {n}.{rep}"));
             worst = worst.max(c.check().worst_ratio);
         }
     }
@@ -359,15 +367,23 @@ fn splits(batch: usize, kv_heads: usize, n_kv: usize) -> usize {
 #[test]
 fn every_key_matters_on_block_and_split_boundaries() {
     let mut rng = rng(0xe4e7);
-    // [batch, heads, kv_heads, n_q, n_kv, d_k, d_v]
-    let shapes: [[usize; 7]; 3] = [
-        [1, 4, 1, 1, 8192 + 5, 64, 64],
-        [1, 2, 2, 3, 4100, 128, 80],
-        [2, 4, 1, 2, 4500, 32, 32],
+    // Shape::new(batch, heads, kv_heads, n_q, n_kv, d_k, d_v)
+    let shapes: [Shape; 3] = [
+        Shape::new(1, 4, 1, 1, 8192 + 5, 64, 64),
+        Shape::new(1, 2, 2, 3, 4100, 128, 80),
+        Shape::new(2, 4, 1, 2, 4500, 32, 32),
     ];
     const V_BIG: f32 = 8.0;
-    for dims in shapes {
-        let [b, h, hkv, nq, nkv, dk, dv] = dims;
+    for shape in shapes {
+        let Shape {
+            batch: b,
+            heads: h,
+            kv_heads: hkv,
+            n_q: nq,
+            n_kv: nkv,
+            d_k: dk,
+            d_v: dv,
+        } = shape;
         let s = splits(b, hkv, nkv);
         let chunk = nkv.div_ceil(s);
         let mut keys = vec![
@@ -415,7 +431,7 @@ fn every_key_matters_on_block_and_split_boundaries() {
             } else {
                 Options::new()
             };
-            let label = format!("{dims:?} key {j} causal={causal} splits={s}");
+            let label = format!("{shape:?} key {j} causal={causal} splits={s}");
             let r = check(&label, &q.view(), &k.view(), &v.view(), &opts, Layout::BSHD);
             // The test has teeth: every row that sees key j puts > 90% of its weight on it.
             let mut seen = 0;

@@ -12,6 +12,7 @@
 
 use super::grid::{Case, Mix};
 use super::{rng, run, Buffer, Layout, Path, Run, U};
+use crate::support::differential::Shape;
 use rand::Rng;
 use sdpa::reference::{self, ErrorBound};
 use sdpa::{merge_partials, Options, Partial, Tensor};
@@ -29,7 +30,8 @@ struct Explicit {
 
 impl Explicit {
     fn new(c: &Case) -> Self {
-        let [b, h, _, nq, nkv, ..] = c.dims;
+        let s = c.shape;
+        let (b, h, nq, nkv) = (s.batch, s.heads, s.n_q, s.n_kv);
         let dims = [b, nq, h, nkv];
         // Bottom-right aligns each sequence at its own key length when there are key lengths.
         let off = |bb: usize| {
@@ -123,9 +125,9 @@ fn merged_pieces_match_the_unsplit_problem() {
         let nkv = rng.random_range(0..=260);
         let dk = [4, 16, 64][rng.random_range(0..3)];
         let dv = [3, 16, 64][rng.random_range(0..3)];
-        let dims = [b, h, hkv, nq, nkv, dk, dv];
+        let shape = Shape::new(b, h, hkv, nq, nkv, dk, dv);
         let mix = if case % 4 == 0 { Mix::ALL } else { Mix::SOME };
-        let c = Case::random(&mut rng, dims, mix, format!("merge case {case}"));
+        let c = Case::random(&mut rng, shape, mix, format!("merge case {case}"));
         let label = c.describe();
         let ex = Explicit::new(&c);
 
@@ -258,8 +260,8 @@ fn merged_pieces_match_the_unsplit_problem() {
 #[test]
 fn merging_one_partial_or_an_empty_one_changes_nothing() {
     let mut rng = rng(0x0e1);
-    let dims = [2, 4, 2, 5, 70, 16, 8];
-    let c = Case::random(&mut rng, dims, Mix::ALL, "one partial".into());
+    let shape = Shape::new(2, 4, 2, 5, 70, 16, 8);
+    let c = Case::random(&mut rng, shape, Mix::ALL, "one partial".into());
     let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
     let opts = c.opts();
     let whole = run(Path::Fused, &q, &k, &v, &opts, Layout::BSHD).unwrap();
