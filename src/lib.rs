@@ -80,6 +80,7 @@ mod problem;
 pub mod reference;
 mod simd;
 mod tensor;
+mod workspace;
 
 #[cfg(doctest)]
 #[doc(hidden)]
@@ -94,6 +95,7 @@ pub use merge::{merge_partials, Partial};
 pub use options::{alibi_slopes, Alignment, Options};
 pub use simd::{backend, Backend};
 pub use tensor::{Tensor, TensorMut};
+pub use workspace::Workspace;
 
 use problem::Problem;
 
@@ -115,8 +117,7 @@ pub fn attention<Q: Element, KV: Element, O: Element>(
     out: &mut TensorMut<'_, O>,
     opts: &Options<'_>,
 ) -> Result<(), Error> {
-    let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
-    fused::run(&problem, q, k, v, out, None, opts.tile_counter)
+    Workspace::new().attention(q, k, v, out, opts)
 }
 
 /// [`attention`] that also writes the log-sum-exp of every row's scores: `lse[(b·H + h)·n_q + i]
@@ -132,8 +133,7 @@ pub fn attention_lse<Q: Element, KV: Element, O: Element>(
     lse: &mut [f32],
     opts: &Options<'_>,
 ) -> Result<(), Error> {
-    let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
-    fused::run(&problem, q, k, v, out, Some(lse), opts.tile_counter)
+    Workspace::new().attention_lse(q, k, v, out, lse, opts)
 }
 
 /// The bytes of scratch memory the fused kernel allocates per worker thread for a call with

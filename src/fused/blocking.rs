@@ -49,6 +49,8 @@ const L2_BUDGET_BYTES: usize = 256 * 1024;
 /// Work units the scheduler aims for at least: enough for every core of a large server to get
 /// a few, so that decode (few query rows, long KV) still spreads over all threads.
 const MIN_WORK_UNITS: usize = 32;
+/// The most key ranges one item is split into ([`Blocking::kv_splits`] never exceeds it).
+pub(crate) const MAX_SPLITS: usize = MIN_WORK_UNITS;
 /// Fewest keys worth a split of their own: below this, the fixed cost of a work item (packing
 /// Q, writing a partial, merging) stops being negligible.
 const MIN_KEYS_PER_SPLIT: usize = 1024;

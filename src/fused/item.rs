@@ -115,7 +115,9 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
     };
-    let Scratch { tile, kv, tiles } = sc;
+    let Scratch {
+        tile, kv, tiles, ..
+    } = sc;
     pack_queries::<S, Q>(cx, item, &t, &mut tile.qt);
     let Some((first, last)) = visible_ranges(cx, item, &t, tile) else {
         return;

@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
-use blocking::{split_range, Blocking};
+use blocking::{split_range, Blocking, MAX_SPLITS};
 use item::{stream_item, Ctx, Item};
 use kv::{KvSource, StridedKv};
 use rayon::prelude::*;
@@ -146,9 +146,32 @@ pub(crate) fn scratch_bytes(problem: &Problem<'_>, k_packed: bool) -> Result<usi
     Ok(Scratch::bytes(&blocking, k_packed))
 }
 
+/// Memory kept between calls: the per-worker scratches and the split-KV partial results.
+/// A call takes what fits its sizes and gives everything back, so steady-state calls of one
+/// shape allocate nothing in the kernel.
+#[derive(Default)]
+pub(crate) struct Workspace {
+    scratches: Vec<Scratch>,
+    partials: Vec<f32>,
+}
+
+impl Workspace {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        let scratch = self
+            .scratches
+            .iter()
+            .map(|s| Scratch::bytes(&s.fits().0, s.fits().1))
+            .sum::<usize>();
+        scratch + self.partials.capacity() * 4
+    }
+}
+
 /// Computes attention for a validated problem with the fused kernel, K and V read from strided
-/// tensors.
+/// tensors, with the memory of `ws`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run<Q: Element, KV: Element, O: Element>(
+    ws: &mut Workspace,
     problem: &Problem<'_>,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -158,12 +181,13 @@ pub(crate) fn run<Q: Element, KV: Element, O: Element>(
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {
     let kv = StridedKv { k: *k, v: *v };
-    run_source(problem, q, kv, out, lse, tile_counter)
+    run_source(ws, problem, q, kv, out, lse, tile_counter)
 }
 
 /// The driver, for any [`KvSource`]: schedules the work units on the current rayon pool, runs
 /// each through [`stream_item`], combines and writes the rows.
 fn run_source<Q: Element, KV: KvSource, O: Element>(
+    ws: &mut Workspace,
     problem: &Problem<'_>,
     q: &Tensor<'_, Q>,
     kv: KV,
@@ -182,6 +206,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
         &blocking,
         kv.packs_keys(),
         rayon::current_num_threads().min(units),
+        std::mem::take(&mut ws.scratches),
     )?;
     let cx = Ctx {
         problem,
@@ -224,19 +249,42 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
                 finish_item(&writer, &item, group, d_vp, &[part], sinks, &mut kv.v_row);
             },
         );
-        return Ok(());
+    } else {
+        split_kv(
+            &sched,
+            &blocking,
+            &pool,
+            &mut ws.partials,
+            &compute,
+            |item, parts, acc| finish_item(&writer, item, group, d_vp, parts, sinks, acc),
+        )?;
     }
+    ws.scratches = pool.into_scratches();
+    Ok(())
+}
 
-    // Split-KV: every unit streams its key range into a slot of partial results (o, m, l per
-    // row); then each item combines its slots in key order, so the result does not depend on
-    // which thread ran what.
+/// Split-KV: every unit streams its key range into a slot of partial results (o, m, l per
+/// row) in `partials`; then each item combines its slots in key order (`finish`), so the
+/// result does not depend on which thread ran what.
+fn split_kv(
+    sched: &Schedule<'_>,
+    blocking: &Blocking,
+    pool: &ScratchPool,
+    partials: &mut Vec<f32>,
+    compute: &(impl Fn(usize, &mut Scratch) -> Item + Sync),
+    finish: impl Fn(&Item, &[Part<'_>], &mut [f32]) + Sync,
+) -> Result<(), Error> {
+    let (items, splits) = (sched.items(), sched.splits);
+    debug_assert!(splits <= MAX_SPLITS);
+    let (group, d_vp) = (blocking.group, blocking.d_v_pad);
     let rows = blocking.rows();
     let slot = rows * (d_vp + 2);
+    let units = items * splits;
     let too_large = Error::ScratchTooLarge {
         bytes: units.saturating_mul(slot).saturating_mul(4),
     };
     let len = units.checked_mul(slot).ok_or(too_large.clone())?;
-    let mut partials = Vec::new();
+    partials.clear();
     partials.try_reserve_exact(len).map_err(|_| too_large)?;
     partials.resize(len, 0.0f32);
     partials.par_chunks_mut(slot).enumerate().for_each_init(
@@ -259,19 +307,21 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
             || pool.take(),
             |loan, (index, slots)| {
                 let item = sched.item(index, 0);
-                let parts: Vec<Part<'_>> = slots
-                    .chunks(slot)
-                    .map(|p| {
-                        let (o, ml) = p.split_at(rows * d_vp);
-                        Part {
-                            o,
-                            m: &ml[..rows],
-                            l: &ml[rows..],
-                        }
-                    })
-                    .collect();
-                let acc = &mut loan.get().kv.v_row;
-                finish_item(&writer, &item, group, d_vp, &parts, sinks, acc);
+                let empty = Part {
+                    o: &[],
+                    m: &[],
+                    l: &[],
+                };
+                let mut parts = [empty; MAX_SPLITS];
+                for (part, p) in parts.iter_mut().zip(slots.chunks(slot)) {
+                    let (o, ml) = p.split_at(rows * d_vp);
+                    *part = Part {
+                        o,
+                        m: &ml[..rows],
+                        l: &ml[rows..],
+                    };
+                }
+                finish(&item, &parts[..splits], &mut loan.get().kv.v_row);
             },
         );
     Ok(())

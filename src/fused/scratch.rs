@@ -50,6 +50,8 @@ pub(crate) struct KvBuffers {
 
 /// Everything one worker needs to run work items.
 pub(crate) struct Scratch {
+    /// The sizes it was allocated for: it serves any call with the same ones.
+    fits: (Blocking, bool),
     pub tile: TileBuffers,
     pub kv: KvBuffers,
     /// Score tiles computed (for the test hook `Options::count_score_tiles`).
@@ -93,6 +95,11 @@ impl Scratch {
         ]
     }
 
+    /// The sizes this scratch was allocated for: (blocking, whether K is packed).
+    pub fn fits(&self) -> &(Blocking, bool) {
+        &self.fits
+    }
+
     /// Bytes one scratch takes (saturating at `usize::MAX`).
     pub fn bytes(b: &Blocking, pack_k: bool) -> usize {
         let list = Self::buffers(b, pack_k);
@@ -117,6 +124,7 @@ impl Scratch {
         let mut non_finite = Vec::new();
         non_finite.try_reserve_exact(b.kv_block).ok()?;
         Some(Scratch {
+            fits: (*b, pack_k),
             tile: TileBuffers {
                 qt: zeroed(&qt)?,
                 st: zeroed(&st)?,
@@ -158,23 +166,42 @@ pub(crate) struct Loan<'p> {
 }
 
 impl ScratchPool {
-    /// A pool of `count` scratches (at least one).
+    /// A pool of at least `count` scratches (at least one), made from `store` (a caller's
+    /// [`Workspace`](crate::Workspace), or empty): the scratches in it that were allocated for
+    /// these sizes are kept, others dropped, and missing ones allocated. The list itself is
+    /// reused too, so a call that finds everything in `store` allocates nothing.
     ///
     /// # Errors
-    /// [`Error::ScratchTooLarge`] if they cannot all be allocated.
-    pub fn new(blocking: &Blocking, pack_k: bool, count: usize) -> Result<Self, Error> {
+    /// [`Error::ScratchTooLarge`] if they cannot all be allocated (`store` is then lost: it
+    /// held nothing this call could use anyway).
+    pub fn new(
+        blocking: &Blocking,
+        pack_k: bool,
+        count: usize,
+        mut store: Vec<Scratch>,
+    ) -> Result<Self, Error> {
         let too_large = || Error::ScratchTooLarge {
             bytes: Scratch::bytes(blocking, pack_k),
         };
         let count = count.max(1);
-        let mut free = Vec::new();
-        free.try_reserve_exact(count).map_err(|_| too_large())?;
-        for _ in 0..count {
-            free.push(Scratch::try_new(blocking, pack_k).ok_or_else(too_large)?);
+        store.retain(|s| s.fits == (*blocking, pack_k));
+        store
+            .try_reserve(count.saturating_sub(store.len()))
+            .map_err(|_| too_large())?;
+        while store.len() < count {
+            store.push(Scratch::try_new(blocking, pack_k).ok_or_else(too_large)?);
         }
         Ok(ScratchPool {
-            free: Mutex::new(free),
+            free: Mutex::new(store),
         })
+    }
+
+    /// The scratches, for a caller's workspace to keep (all loans have ended).
+    pub fn into_scratches(self) -> Vec<Scratch> {
+        match self.free.into_inner() {
+            Ok(free) => free,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// Lends a scratch. At most as many jobs run at once as the pool has threads, and the pool
