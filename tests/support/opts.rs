@@ -477,6 +477,47 @@ impl WideSpec {
     }
 }
 
+/// How often [`OptSpec::random`] uses each option (probability of each).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mix {
+    pub causal: f64,
+    pub window: f64,
+    pub kv_lens: f64,
+    pub bias: f64,
+    pub mask: f64,
+    pub alibi: f64,
+    pub softcap: f64,
+    pub sinks: f64,
+    pub scale: f64,
+}
+
+impl Mix {
+    /// Each option in about a third of the calls.
+    pub const SOME: Mix = Mix {
+        causal: 0.4,
+        window: 0.4,
+        kv_lens: 0.35,
+        bias: 0.4,
+        mask: 0.35,
+        alibi: 0.35,
+        softcap: 0.35,
+        sinks: 0.35,
+        scale: 0.25,
+    };
+    /// Every option in every call.
+    pub const ALL: Mix = Mix {
+        causal: 1.0,
+        window: 1.0,
+        kv_lens: 1.0,
+        bias: 1.0,
+        mask: 1.0,
+        alibi: 1.0,
+        softcap: 1.0,
+        sinks: 1.0,
+        scale: 1.0,
+    };
+}
+
 /// Every option of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptSpec {
@@ -524,6 +565,95 @@ impl Default for OptSpec {
 }
 
 impl OptSpec {
+    /// Random *valid* options (for any shape), each present with its probability in `mix`;
+    /// causal, window and ALiBi share one alignment. The random grids of the test suites draw
+    /// their options here, so a new option is taught to this and [`OptSpec::decode`] (the
+    /// fuzz targets) only.
+    pub fn random(rng: &mut SplitMix, mix: &Mix) -> OptSpec {
+        let align = if rng.chance(0.5) {
+            Alignment::TopLeft
+        } else {
+            Alignment::BottomRight
+        };
+        let seed = |rng: &mut SplitMix| rng.next_u64() as u16;
+        let mut o = OptSpec::default();
+        if rng.chance(mix.causal) {
+            o.causal = match align {
+                Alignment::TopLeft => CausalKind::TopLeft,
+                _ => CausalKind::BottomRight,
+            };
+        }
+        if rng.chance(mix.window) {
+            o.window = Some(WindowSpec {
+                left: rng.pick(&[0, 1, 5, 40, 100, 300, 3000, usize::MAX]),
+                right: rng.pick(&[0, 3, 17, 200, usize::MAX]),
+                alignment: align,
+            });
+        }
+        if rng.chance(mix.kv_lens) {
+            let kind = rng.pick(&[KvLensKind::Random, KvLensKind::Random, KvLensKind::Full]);
+            o.kv_lens = Some((kind, seed(rng)));
+        }
+        // A bias or mask: each dim full, of size 1, or full with stride 0.
+        let term = |rng: &mut SplitMix, fill: Fill, holes: Holes, hidden: u8| {
+            let modes: [u8; 4] = std::array::from_fn(|_| rng.below(4) as u8);
+            let bits = |m: u8| (0..4).fold(0u8, |a, d| a | u8::from(modes[d] == m) << d);
+            TermSpec {
+                size_one: bits(2),
+                stride_zero: bits(3),
+                bad_dim: None,
+                fill,
+                holes,
+                hidden_eighths: hidden,
+                seed: seed(rng),
+            }
+        };
+        if rng.chance(mix.bias) {
+            // Uniform in [−2, 2), some entries −∞.
+            let fill = Fill {
+                dist: super::values::Dist::Scaled,
+                exp: 1,
+                seed: seed(rng),
+            };
+            let holes = rng.pick(&[Holes::None, Holes::FewNegInf]);
+            o.bias = Some(term(rng, fill, holes, 0));
+        }
+        if rng.chance(mix.mask) {
+            let hidden = rng.pick(&[0, 1, 3]);
+            o.mask = Some(term(rng, Fill::unit(0), Holes::None, hidden));
+        }
+        let heads = |rng: &mut SplitMix, values: &[HeadValues], exp: i8| HeadSpec {
+            values: rng.pick(values),
+            exp,
+            seed: seed(rng),
+            alignment: align,
+        };
+        if rng.chance(mix.alibi) {
+            o.alibi = Some(heads(rng, &[HeadValues::Standard, HeadValues::Scaled], 0));
+        }
+        if rng.chance(mix.softcap) {
+            o.softcap = Some(rng.pick(&[
+                SoftcapKind::Fifty,
+                SoftcapKind::Five,
+                SoftcapKind::One,
+                SoftcapKind::Huge,
+            ]));
+        }
+        if rng.chance(mix.sinks) {
+            let values = [HeadValues::Standard, HeadValues::Mixed, HeadValues::Scaled];
+            o.sinks = Some(heads(rng, &values, 2));
+        }
+        if rng.chance(mix.scale) {
+            o.scale = rng.pick(&[
+                ScaleKind::One,
+                ScaleKind::Eighth,
+                ScaleKind::Small,
+                ScaleKind::Negative,
+            ]);
+        }
+        o
+    }
+
     /// Plain attention with `causal`.
     pub fn causal(causal: CausalKind) -> OptSpec {
         OptSpec {
@@ -733,8 +863,9 @@ impl OptSpec {
             let data = (0..len)
                 .map(|_| rng.next_u64() % 8 >= u64::from(spec.hidden_eighths))
                 .collect();
-            Some(BoolBuffer {
+            Some(Buffer {
                 data,
+                start: 0,
                 dims,
                 strides,
             })
@@ -797,17 +928,6 @@ impl OptSpec {
     }
 }
 
-/// A boolean tensor's storage.
-#[derive(Debug, Clone)]
-pub struct BoolBuffer {
-    /// The slice.
-    pub data: Vec<bool>,
-    /// Logical dims.
-    pub dims: [usize; 4],
-    /// Strides.
-    pub strides: [usize; 4],
-}
-
 /// The options of one call with their data, for one problem shape.
 #[derive(Debug, Clone)]
 pub struct OptData {
@@ -820,7 +940,7 @@ pub struct OptData {
     /// Bias (`None` also when too large to make).
     pub bias: Option<Buffer>,
     /// Mask (`None` also when too large to make).
-    pub mask: Option<BoolBuffer>,
+    pub mask: Option<Buffer<bool>>,
     /// The softcap.
     pub softcap: Option<f32>,
     /// ALiBi slopes.
@@ -860,10 +980,14 @@ impl OptData {
             o = o.kv_lens(l);
         }
         if let Some(b) = &self.bias {
-            o = o.bias(Tensor::new(&b.data, b.dims, b.strides).expect("valid bias layout"));
+            o = o.bias(
+                Tensor::new(&b.data[b.start..], b.dims, b.strides).expect("valid bias layout"),
+            );
         }
         if let Some(m) = &self.mask {
-            o = o.mask(Tensor::new(&m.data, m.dims, m.strides).expect("valid mask layout"));
+            o = o.mask(
+                Tensor::new(&m.data[m.start..], m.dims, m.strides).expect("valid mask layout"),
+            );
         }
         if let (Some(slopes), Some(a)) = (&self.slopes, &s.alibi) {
             o = o.alibi(slopes, a.alignment);
@@ -885,7 +1009,7 @@ impl OptData {
 
     /// The diagonal's offset of batch `b`, `off_b`, if some option has a diagonal (computed
     /// without overflow): bottom-right aligns each sequence at its own key length.
-    fn offset(&self, b: usize) -> i128 {
+    pub fn offset(&self, b: usize) -> i128 {
         let [_, n_q, _, n_kv] = self.want;
         let n_kv = self.kv_lens.as_ref().map_or(n_kv, |l| l[b]);
         let s = &self.spec;
@@ -919,7 +1043,7 @@ impl OptData {
             && self
                 .mask
                 .as_ref()
-                .is_none_or(|m| m.data[term_offset(m.dims, m.strides, [b, i, h, j])])
+                .is_none_or(|m| m.data[m.start + term_offset(m.dims, m.strides, [b, i, h, j])])
     }
 
     /// `|slope_h · (i + off − j)|`, the magnitude of the ALiBi term (0 without ALiBi).
@@ -932,7 +1056,7 @@ impl OptData {
     /// The bias of `[b, i, h, j]` (0 without a bias).
     pub fn bias(&self, b: usize, i: usize, h: usize, j: usize) -> f32 {
         self.bias.as_ref().map_or(0.0, |t| {
-            t.data[term_offset(t.dims, t.strides, [b, i, h, j])]
+            t.data[t.start + term_offset(t.dims, t.strides, [b, i, h, j])]
         })
     }
 

@@ -3,13 +3,16 @@
 //! [`super::check`]: per-row bounds, rows with no visible key exactly 0 / −∞).
 
 use super::{check, rng, Buffer, Layout};
-use crate::support::alibi_slopes;
 use crate::support::differential::Shape;
+pub use crate::support::opts::Mix;
+use crate::support::opts::{OptData, OptSpec};
+use crate::support::values::SplitMix;
 use rand::rngs::StdRng;
 use rand::Rng;
 use sdpa::{Alignment, Options};
 
-/// One random call: shapes, operands and every option's data (the options borrow from it).
+/// One random call: shapes, operands and the options (drawn by the one generator,
+/// `support::opts::OptSpec::random`, with their data).
 pub struct Case {
     pub label: String,
     pub shape: Shape,
@@ -17,81 +20,27 @@ pub struct Case {
     pub k: Buffer<f32>,
     pub v: Buffer<f32>,
     pub out_layout: Layout,
-    pub align: Alignment,
-    pub causal: bool,
-    pub window: Option<(usize, usize)>,
-    pub kv_lens: Option<Vec<usize>>,
-    pub bias: Option<Buffer<f32>>,
-    pub mask: Option<Buffer<bool>>,
-    pub alibi: Option<Vec<f32>>,
-    pub softcap: Option<f32>,
-    pub sinks: Option<Vec<f32>>,
-    pub scale: Option<f32>,
+    pub opts: OptData,
 }
 
-/// Which options a random case may use, and how often (probability of each).
-#[derive(Clone, Copy)]
-pub struct Mix {
-    pub causal: f64,
-    pub window: f64,
-    pub kv_lens: f64,
-    pub bias: f64,
-    pub mask: f64,
-    pub alibi: f64,
-    pub softcap: f64,
-    pub sinks: f64,
-    pub scale: f64,
-}
-
-impl Mix {
-    pub const SOME: Mix = Mix {
-        causal: 0.4,
-        window: 0.4,
-        kv_lens: 0.35,
-        bias: 0.4,
-        mask: 0.35,
-        alibi: 0.35,
-        softcap: 0.35,
-        sinks: 0.35,
-        scale: 0.25,
-    };
-    pub const ALL: Mix = Mix {
-        causal: 1.0,
-        window: 1.0,
-        kv_lens: 1.0,
-        bias: 1.0,
-        mask: 1.0,
-        alibi: 1.0,
-        softcap: 1.0,
-        sinks: 1.0,
-        scale: 1.0,
-    };
-}
-
-/// A `[batch, n_q, heads, n_kv]` bias or mask view: each dim full, of size 1, or full with
-/// stride 0, in a random layout (padding `pad`).
-fn broadcast<T: Copy>(
-    rng: &mut StdRng,
-    want: [usize; 4],
-    pad: T,
-    mut value: impl FnMut(&mut StdRng) -> T,
-) -> Buffer<T> {
-    let modes: [u8; 4] = std::array::from_fn(|_| rng.random_range(0..4));
-    // 0, 1: full; 2: size 1; 3: stride 0 over the full size.
-    let stored: [usize; 4] = std::array::from_fn(|a| if modes[a] < 2 { want[a] } else { 1 });
+/// `buf` (a bias or mask whose dims are full, of size 1, or full with stride 0) moved into a
+/// random layout, padding `pad`, keeping its stride-0 dims.
+fn relayout<T: Copy>(rng: &mut StdRng, buf: &Buffer<T>, pad: T) -> Buffer<T> {
+    let stored: [usize; 4] =
+        std::array::from_fn(|a| if buf.strides[a] == 0 { 1 } else { buf.dims[a] });
     let layout = if rng.random_bool(0.5) {
         Layout::BSHD
     } else {
         Layout::random(rng)
     };
-    let mut buf = Buffer::from_fn(stored, layout, pad, |_| value(rng));
+    let mut out = Buffer::from_fn(stored, layout, pad, |i| buf.at(i));
     for a in 0..4 {
-        if modes[a] == 3 {
-            buf.dims[a] = want[a];
-            buf.strides[a] = 0;
+        if buf.strides[a] == 0 {
+            out.dims[a] = buf.dims[a];
+            out.strides[a] = 0;
         }
     }
-    buf
+    out
 }
 
 fn pick<T: Copy>(rng: &mut StdRng, xs: &[T]) -> T {
@@ -115,65 +64,10 @@ impl Case {
         let q = Buffer::uniform(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
         let k = Buffer::uniform(rng, [b, nkv, hkv, dk], layouts[1], -1.0, 1.0);
         let v = Buffer::uniform(rng, [b, nkv, hkv, dv], layouts[2], -1.0, 1.0);
-        let align = if rng.random_bool(0.5) {
-            Alignment::TopLeft
-        } else {
-            Alignment::BottomRight
-        };
-        let want = [b, nq, h, nkv];
-        let causal = rng.random_bool(mix.causal);
-        let window = rng.random_bool(mix.window).then(|| {
-            (
-                pick(rng, &[0, 1, 5, 40, 100, 300, 3000, usize::MAX]),
-                pick(rng, &[0, 3, 17, 200, usize::MAX]),
-            )
-        });
-        let kv_lens = rng.random_bool(mix.kv_lens).then(|| {
-            (0..b)
-                .map(|_| match rng.random_range(0..4) {
-                    0 => 0,
-                    1 => nkv,
-                    _ => rng.random_range(0..=nkv),
-                })
-                .collect()
-        });
-        let bias = rng.random_bool(mix.bias).then(|| {
-            broadcast(rng, want, f32::NAN, |r| {
-                if r.random_bool(0.03) {
-                    f32::NEG_INFINITY
-                } else {
-                    r.random_range(-2.0..2.0)
-                }
-            })
-        });
-        let mask = rng.random_bool(mix.mask).then(|| {
-            let p = pick(rng, &[0.6, 0.95]);
-            broadcast(rng, want, false, |r| r.random_bool(p))
-        });
-        let alibi = rng.random_bool(mix.alibi).then(|| {
-            if rng.random_bool(0.5) {
-                alibi_slopes(h).expect("slopes")
-            } else {
-                (0..h).map(|_| rng.random_range(-0.3..1.0)).collect()
-            }
-        });
-        let softcap = rng
-            .random_bool(mix.softcap)
-            .then(|| pick(rng, &[0.5f32, 2.0, 10.0, 30.0, 50.0]));
-        let sinks = rng.random_bool(mix.sinks).then(|| {
-            (0..h)
-                .map(|_| {
-                    if rng.random_bool(0.2) {
-                        f32::NEG_INFINITY
-                    } else {
-                        rng.random_range(-4.0..4.0)
-                    }
-                })
-                .collect()
-        });
-        let scale = rng
-            .random_bool(mix.scale)
-            .then(|| pick(rng, &[0.05f32, 0.3, 1.0, -0.5]));
+        let spec = OptSpec::random(&mut SplitMix(rng.random()), &mix);
+        let mut opts = spec.materialize(b, nq, h, nkv);
+        opts.bias = opts.bias.map(|t| relayout(rng, &t, f32::NAN));
+        opts.mask = opts.mask.map(|t| relayout(rng, &t, false));
         Case {
             label,
             shape,
@@ -181,75 +75,17 @@ impl Case {
             k,
             v,
             out_layout: layouts[3],
-            align,
-            causal,
-            window,
-            kv_lens,
-            bias,
-            mask,
-            alibi,
-            softcap,
-            sinks,
-            scale,
+            opts,
         }
     }
 
     pub fn opts(&self) -> Options<'_> {
-        let mut o = Options::new();
-        if self.causal {
-            o = o.causal(self.align);
-        }
-        if let Some((l, r)) = self.window {
-            o = o.sliding_window(l, r, self.align);
-        }
-        if let Some(lens) = &self.kv_lens {
-            o = o.kv_lens(lens);
-        }
-        if let Some(bias) = &self.bias {
-            o = o.bias(bias.view());
-        }
-        if let Some(mask) = &self.mask {
-            o = o.mask(mask.view());
-        }
-        if let Some(slopes) = &self.alibi {
-            o = o.alibi(slopes, self.align);
-        }
-        if let Some(cap) = self.softcap {
-            o = o.softcap(cap);
-        }
-        if let Some(sinks) = &self.sinks {
-            o = o.sinks(sinks);
-        }
-        if let Some(scale) = self.scale {
-            o = o.scale(scale);
-        }
-        o
+        self.opts.options()
     }
 
-    /// A one-line description of the options in use, for failure messages.
+    /// A one-line description of the case, for failure messages.
     pub fn describe(&self) -> String {
-        let mut s = format!("{} {:?} {:?}", self.label, self.shape, self.align);
-        let flags = [
-            ("causal", self.causal),
-            ("window", self.window.is_some()),
-            ("kv_lens", self.kv_lens.is_some()),
-            ("bias", self.bias.is_some()),
-            ("mask", self.mask.is_some()),
-            ("alibi", self.alibi.is_some()),
-            ("softcap", self.softcap.is_some()),
-            ("sinks", self.sinks.is_some()),
-            ("scale", self.scale.is_some()),
-        ];
-        for (name, on) in flags {
-            if on {
-                s.push(' ');
-                s.push_str(name);
-            }
-        }
-        if let Some(w) = self.window {
-            s.push_str(&format!(" window={w:?}"));
-        }
-        s
+        format!("{} {:?} {:?}", self.label, self.shape, self.opts.spec)
     }
 
     pub fn check(&self) -> super::Checked {

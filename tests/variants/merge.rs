@@ -31,39 +31,26 @@ struct Explicit {
 impl Explicit {
     fn new(c: &Case) -> Self {
         let s = c.shape;
-        let (b, h, nq, nkv) = (s.batch, s.heads, s.n_q, s.n_kv);
-        let dims = [b, nq, h, nkv];
-        // Bottom-right aligns each sequence at its own key length when there are key lengths.
-        let off = |bb: usize| {
-            let len = c.kv_lens.as_ref().map_or(nkv, |l| l[bb]);
-            c.align.offset(nq, len) as f64
-        };
-        let bias = (c.alibi.is_some() || c.bias.is_some()).then(|| {
+        let o = &c.opts;
+        let dims = [s.batch, s.n_q, s.heads, s.n_kv];
+        // ALiBi subtracts `slope_h · |i + off_b − j|` (bottom-right aligns each sequence at its
+        // own key length); the bias adds its (broadcast) entry.
+        let bias = (o.slopes.is_some() || o.bias.is_some()).then(|| {
             Buffer::from_fn(dims, Layout::BSHD, 0.0, |[bb, i, hh, j]| {
                 let mut x = 0.0f64;
-                if let Some(slopes) = &c.alibi {
-                    x -= f64::from(slopes[hh]) * (i as f64 + off(bb) - j as f64).abs();
+                if let Some(slopes) = &o.slopes {
+                    let d = (i as i128 + o.offset(bb) - j as i128).abs() as f64;
+                    x -= f64::from(slopes[hh]) * d;
                 }
-                if let Some(bias) = &c.bias {
-                    x += f64::from(bias.at_broadcast([bb, i, hh, j]));
-                }
+                x += f64::from(o.bias(bb, i, hh, j));
                 x as f32
             })
         });
-        let mask = (c.causal || c.window.is_some() || c.mask.is_some()).then(|| {
+        // causal ∧ window ∧ mask (∧ key lengths, which each piece also gets).
+        let masked = o.spec.causal.alignment().is_some() || o.spec.window.is_some();
+        let mask = (masked || o.mask.is_some()).then(|| {
             Buffer::from_fn(dims, Layout::BSHD, false, |[bb, i, hh, j]| {
-                // Row i sees key j iff j ≤ i + off (causal) and i + off − left ≤ j ≤
-                // i + off + right (window; usize::MAX = unbounded), and the mask says so.
-                let (center, j) = (i as f64 + off(bb), j as f64);
-                let mut visible = !c.causal || j <= center;
-                if let Some((left, right)) = c.window {
-                    visible &= left == usize::MAX || j >= center - left as f64;
-                    visible &= right == usize::MAX || j <= center + right as f64;
-                }
-                visible
-                    && c.mask
-                        .as_ref()
-                        .is_none_or(|m| m.at_broadcast([bb, i, hh, j as usize]))
+                o.visible(bb, i, hh, j)
             })
         });
         let bias_max = bias.as_ref().map_or(0.0, |b| {
@@ -114,7 +101,7 @@ fn merge(runs: &[Run], layout: Layout) -> Run {
 
 #[test]
 fn merged_pieces_match_the_unsplit_problem() {
-    let mut rng = rng(0x3e59e);
+    let mut rng = rng(0x3e59f);
     let mut with_empty_piece = 0;
     let mut with_blind_row = 0;
     for case in 0..60 {
@@ -147,14 +134,15 @@ fn merged_pieces_match_the_unsplit_problem() {
             let k = keys(&c.k, 1, a, e);
             let v = keys(&c.v, 1, a, e);
             let lens: Option<Vec<usize>> = c
+                .opts
                 .kv_lens
                 .as_ref()
                 .map(|l| l.iter().map(|&l| l.clamp(a, e) - a).collect());
             let mut o = Options::new();
-            if let Some(s) = c.scale {
+            if let Some(s) = c.opts.spec.scale_value() {
                 o = o.scale(s);
             }
-            if let Some(cap) = c.softcap {
+            if let Some(cap) = c.opts.softcap {
                 o = o.softcap(cap);
             }
             if let Some(bias) = &ex.bias {
@@ -167,7 +155,7 @@ fn merged_pieces_match_the_unsplit_problem() {
                 o = o.kv_lens(lens);
             }
             // The sink counts once: with the first piece only.
-            if let (0, Some(sinks)) = (p, &c.sinks) {
+            if let (0, Some(sinks)) = (p, &c.opts.sinks) {
                 o = o.sinks(sinks);
             }
             let q = c.q.view();
