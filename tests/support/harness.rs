@@ -10,10 +10,12 @@
 
 pub use super::differential::Shape;
 pub use super::layout::{Buffer, Layout};
+use super::values::SplitMix;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sdpa::half::{bf16, f16};
 use sdpa::reference::{self, ErrorBound};
-use sdpa::{Options, Tensor};
+use sdpa::{Element, Options, Tensor};
 
 /// A deterministic generator: every test names its seed.
 pub fn rng(seed: u64) -> StdRng {
@@ -404,4 +406,203 @@ pub fn ulps(a: f32, b: f32) -> u32 {
         }
     };
     (key(a) - key(b)).unsigned_abs() as u32
+}
+
+/// An element type of the crate (`sdpa::Element`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// The element types of Q, of K and V (one type), and of the output of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Types {
+    pub q: Elem,
+    pub kv: Elem,
+    pub out: Elem,
+}
+
+impl Types {
+    /// Everything f32.
+    pub const F32: Types = Types {
+        q: Elem::F32,
+        kv: Elem::F32,
+        out: Elem::F32,
+    };
+
+    /// All f32 in half of the draws; otherwise each of Q, K/V and the output any type.
+    pub fn random(rng: &mut SplitMix) -> Types {
+        if rng.chance(0.5) {
+            return Types::F32;
+        }
+        let all = [Elem::F32, Elem::F16, Elem::Bf16];
+        Types {
+            q: rng.pick(&all),
+            kv: rng.pick(&all),
+            out: rng.pick(&all),
+        }
+    }
+}
+
+impl<T: Copy> Buffer<T> {
+    /// The same layout with every element (padding included) converted by `f`.
+    pub fn map<U>(&self, f: impl Fn(T) -> U) -> Buffer<U> {
+        Buffer {
+            data: self.data.iter().map(|&x| f(x)).collect(),
+            start: self.start,
+            dims: self.dims,
+            strides: self.strides,
+        }
+    }
+}
+
+/// One call of [`assert_typed_close_to_reference`].
+struct TypedCall<'a> {
+    q: &'a Buffer,
+    k: &'a Buffer,
+    v: &'a Buffer,
+    out_layout: Layout,
+    opts: &'a Options<'a>,
+    label: &'a str,
+}
+
+/// [`try_run`] with Q, K/V and the output of any element type; the output is returned as f32
+/// (exact).
+pub fn try_run_typed<Q: Element, KV: Element, O: Element>(
+    path: Path,
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out_layout: Layout,
+    opts: &Options,
+) -> Result<Outputs, sdpa::Error> {
+    let [b, n_q, h, _] = q.dims();
+    let out_dims = [b, n_q, h, v.dims()[3]];
+    let pad = O::from_f32(f32::from_bits(OUTPUT_PAD_BITS));
+    let init = O::from_f32(f32::from_bits(OUTPUT_INIT_BITS));
+    let mut out = Buffer::from_fn(out_dims, out_layout, pad, |_| init);
+    let mut lse = vec![f32::from_bits(OUTPUT_INIT_BITS); b * h * n_q];
+    match path {
+        Path::Fused => sdpa::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
+        Path::Reference => reference::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
+    }?;
+    assert_typed_padding_untouched(&out, pad, &format!("{path:?} output"));
+    let out: Vec<f32> = out.logical().into_iter().map(O::to_f32).collect();
+    let init = init.to_f32().to_bits();
+    assert!(
+        out.iter().all(|x| x.to_bits() != init)
+            && lse.iter().all(|x| x.to_bits() != OUTPUT_INIT_BITS),
+        "{path:?}: an output element or LSE was not written"
+    );
+    Ok(Outputs {
+        dims: out_dims,
+        out,
+        lse,
+    })
+}
+
+fn assert_typed_padding_untouched<O: Element>(out: &Buffer<O>, pad: O, what: &str) {
+    let pad = pad.to_f32().to_bits();
+    for (p, (&x, r)) in out.data.iter().zip(out.in_view()).enumerate() {
+        assert!(
+            r || x.to_f32().to_bits() == pad,
+            "{what}: padding element {p} outside the view was overwritten with {x:?}"
+        );
+    }
+}
+
+fn typed_check<Q: Element, KV: Element, O: Element>(c: &TypedCall<'_>) -> Comparison {
+    let label = &format!(
+        "{} [Q {}, K/V {}, out {}]",
+        c.label,
+        Q::NAME,
+        KV::NAME,
+        O::NAME
+    );
+    let (q, k, v) = (
+        c.q.map(Q::from_f32),
+        c.k.map(KV::from_f32),
+        c.v.map(KV::from_f32),
+    );
+    let (q, k, v) = (q.view(), k.view(), v.view());
+    let run = |path| {
+        try_run_typed::<Q, KV, O>(path, &q, &k, &v, c.out_layout, c.opts)
+            .unwrap_or_else(|e| panic!("{label}: {path:?} rejected a valid call: {e}"))
+    };
+    let (fused, reference) = (run(Path::Fused), run(Path::Reference));
+    let bounds: Vec<ErrorBound> = reference::error_bounds(&q, &k, &v, c.opts)
+        .expect("bounds of a valid call")
+        .into_iter()
+        .map(ErrorBound::for_output::<O>)
+        .collect();
+
+    // `attention` and `attention_lse` must agree bit for bit on the output.
+    let pad = O::from_f32(f32::from_bits(OUTPUT_PAD_BITS));
+    let mut plain = Buffer::from_fn(fused.dims, c.out_layout, pad, |_| pad);
+    sdpa::attention(&q, &k, &v, &mut plain.view_mut(), c.opts)
+        .unwrap_or_else(|e| panic!("{label}: attention rejected a valid call: {e}"));
+    assert_typed_padding_untouched(&plain, pad, label);
+    assert!(
+        plain
+            .logical()
+            .iter()
+            .zip(&fused.out)
+            .all(|(a, b)| a.to_f32().to_bits() == b.to_bits()),
+        "{label}: attention and attention_lse outputs differ"
+    );
+
+    let (worst_ratio, empty_rows) = assert_within_bounds(&fused, &reference, &bounds, label);
+    Comparison {
+        fused,
+        reference,
+        bounds,
+        worst_ratio,
+        empty_rows,
+    }
+}
+
+fn typed_out<Q: Element, KV: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
+    match t.out {
+        Elem::F32 => typed_check::<Q, KV, f32>(c),
+        Elem::F16 => typed_check::<Q, KV, f16>(c),
+        Elem::Bf16 => typed_check::<Q, KV, bf16>(c),
+    }
+}
+
+fn typed_kv<Q: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
+    match t.kv {
+        Elem::F32 => typed_out::<Q, f32>(t, c),
+        Elem::F16 => typed_out::<Q, f16>(t, c),
+        Elem::Bf16 => typed_out::<Q, bf16>(t, c),
+    }
+}
+
+/// The check of [`assert_views_close_to_reference`] with Q, K/V and the output in `types`:
+/// the f32 inputs are rounded to their types first (both paths and the bounds see exactly the
+/// rounded values), and every output element must be within
+/// `error_bounds(..).for_output::<O>()` (the output's own rounding added).
+pub fn assert_typed_close_to_reference(
+    types: Types,
+    q: &Buffer,
+    k: &Buffer,
+    v: &Buffer,
+    out_layout: Layout,
+    opts: &Options,
+    label: &str,
+) -> Comparison {
+    let c = TypedCall {
+        q,
+        k,
+        v,
+        out_layout,
+        opts,
+        label,
+    };
+    match types.q {
+        Elem::F32 => typed_kv::<f32>(types, &c),
+        Elem::F16 => typed_kv::<f16>(types, &c),
+        Elem::Bf16 => typed_kv::<bf16>(types, &c),
+    }
 }

@@ -4,6 +4,7 @@
 
 use super::{check, rng, Buffer, Layout};
 use crate::support::differential::Shape;
+use crate::support::harness::{assert_typed_close_to_reference, Types};
 pub use crate::support::opts::Mix;
 use crate::support::opts::{OptData, OptSpec};
 use crate::support::values::SplitMix;
@@ -21,6 +22,8 @@ pub struct Case {
     pub v: Buffer<f32>,
     pub out_layout: Layout,
     pub opts: OptData,
+    /// Element types of Q, K/V and the output (the f32 operands are rounded to them).
+    pub types: Types,
 }
 
 /// `buf` (a bias or mask whose dims are full, of size 1, or full with stride 0) moved into a
@@ -64,7 +67,9 @@ impl Case {
         let q = Buffer::uniform(rng, [b, nq, h, dk], layouts[0], -q_range, q_range);
         let k = Buffer::uniform(rng, [b, nkv, hkv, dk], layouts[1], -1.0, 1.0);
         let v = Buffer::uniform(rng, [b, nkv, hkv, dv], layouts[2], -1.0, 1.0);
-        let spec = OptSpec::random(&mut SplitMix(rng.random()), &mix);
+        let mut draws = SplitMix(rng.random());
+        let spec = OptSpec::random(&mut draws, &mix);
+        let types = Types::random(&mut draws);
         let mut opts = spec.materialize(b, nq, h, nkv);
         opts.bias = opts.bias.map(|t| relayout(rng, &t, f32::NAN));
         opts.mask = opts.mask.map(|t| relayout(rng, &t, false));
@@ -76,6 +81,7 @@ impl Case {
             v,
             out_layout: layouts[3],
             opts,
+            types,
         }
     }
 
@@ -89,13 +95,14 @@ impl Case {
     }
 
     pub fn check(&self) -> super::Checked {
-        check(
-            &self.describe(),
-            &self.q.view(),
-            &self.k.view(),
-            &self.v.view(),
-            &self.opts(),
+        assert_typed_close_to_reference(
+            self.types,
+            &self.q,
+            &self.k,
+            &self.v,
             self.out_layout,
+            &self.opts(),
+            &self.describe(),
         )
     }
 }
@@ -134,12 +141,14 @@ fn random_option_combinations_match_the_reference() {
     let mut empty = 0;
     let mut rows = 0;
     let mut cross = [0, 0];
+    let mut typed = 0;
     for case in 0..cases {
         let shape = random_shape(&mut rng);
         // Every 8th case uses every option at once.
         let mix = if case % 8 == 0 { Mix::ALL } else { Mix::SOME };
         let c = Case::random(&mut rng, shape, mix, format!("case {case}"));
         let r = c.check();
+        typed += usize::from(c.types != Types::F32);
         worst = worst.max(r.worst_ratio);
         empty += r.empty_rows;
         rows += r.bounds.len();
@@ -148,8 +157,9 @@ fn random_option_combinations_match_the_reference() {
     }
     eprintln!(
         "{cases} cases: worst error/bound {worst:.3e}, {empty} of {rows} rows empty, \
-         cross {cross:?}"
+         cross {cross:?}, {typed} with f16/bf16 operands or output"
     );
+    assert!(typed > 50, "only {typed} cases with other element types");
     // The grid did reach the interesting corners, and most rows do see keys.
     assert!(
         empty > 0 && empty * 2 < rows,
