@@ -135,7 +135,10 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
             len: block.len(),
         };
         let keys = cx.kv.keys(at, &mut kv.k);
-        let values = load_values(s, &cx.kv, at, &t, &mut kv.v, &mut kv.non_finite);
+        // Where every row sees every key of the block, a NaN or ±∞ in V reaches exactly the
+        // rows that see it anyway: no need to look for one.
+        let isolate = cx.problem.mask.is_some() || !all_rows_see(tile, t.rows, &block);
+        let values = load_values(s, &cx.kv, at, &t, isolate, &mut kv.v, &mut kv.non_finite);
         *tiles += scores(s, cx, item, &t, &block, keys, tile);
         bias_and_masks(cx, item, &t, &block, tile);
         softmax_update(s, &t, &block, tile);
@@ -208,11 +211,13 @@ fn visible_ranges(
 /// copy, and added back by [`add_non_finite_values`]. The check is one vector pass over the
 /// block (a sum of `v − v`, NaN iff some value is not finite), per-row only when it fires.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn load_values<'s, S: Simd>(
     s: S,
     kv: &'s impl KvSource,
     at: KeyRange,
     t: &Tiles,
+    isolate: bool,
     buf: &'s mut [f32],
     non_finite: &mut Vec<usize>,
 ) -> Rows<'s> {
@@ -226,7 +231,7 @@ fn load_values<'s, S: Simd>(
     }
     match kv.values_in_place(at, d_vp) {
         Some(rows) => {
-            if all_finite(s, rows, at.len, d_vp) {
+            if !isolate || all_finite(s, rows, at.len, d_vp) {
                 return rows;
             }
             find_non_finite(rows, at.len, t.d_v, non_finite);
@@ -240,7 +245,7 @@ fn load_values<'s, S: Simd>(
                 data: buf,
                 ld: d_vp,
             };
-            if all_finite(s, rows, at.len, d_vp) {
+            if !isolate || all_finite(s, rows, at.len, d_vp) {
                 return Rows {
                     data: buf,
                     ld: d_vp,
@@ -256,6 +261,14 @@ fn load_values<'s, S: Simd>(
         data: buf,
         ld: d_vp,
     }
+}
+
+/// Whether each of the item's `rows` sees every key of `block` by its causal/window/length
+/// range.
+fn all_rows_see(tile: &TileBuffers, rows: usize, block: &Block) -> bool {
+    let lo = tile.lo[..rows].iter().max().copied().unwrap_or(0);
+    let hi = tile.hi[..rows].iter().min().copied().unwrap_or(0);
+    lo <= block.j0 && block.j1 <= hi
 }
 
 /// Lists the rows among the first `len` with a NaN or ±∞ in their first `width` values.

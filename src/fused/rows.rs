@@ -48,12 +48,19 @@ pub(crate) fn finish_item<O: Element>(
     acc: &mut [f32],
 ) {
     for r in 0..item.rows(group) {
-        let (m, l) = combine_row(parts, r, d_vp, acc);
+        // One part: the row itself (every weight of the combine would be exactly 1).
+        let (o, m, l) = match parts {
+            [p] => (&p.o[r * d_vp..(r + 1) * d_vp], p.m[r], p.l[r]),
+            _ => {
+                let (m, l) = combine_row(parts, r, d_vp, acc);
+                (&acc[..], m, l)
+            }
+        };
         let (h, i) = item.row_origin(group, r);
         // SAFETY: row (batch, i, h) belongs to this item alone: items partition (batch, kv
         // head, query block) and `row_origin` maps rows to distinct (head, position) pairs
         // inside the item's heads and query block.
-        unsafe { writer.write_row(item.batch, i, h, acc, m, l, sinks.map(|s| s[h])) };
+        unsafe { writer.write_row(item.batch, i, h, o, m, l, sinks.map(|s| s[h])) };
     }
 }
 
