@@ -1128,23 +1128,26 @@ impl OptData {
                     });
                 }
             };
+        // The documented limits (`Options`' errors): values the kernel turns into log2 units
+        // must stay finite there, and a softcap must be a positive normal f32.
+        let fits_log2 = |x: f32| (x * std::f32::consts::LOG2_E).is_finite();
         if let Some(v) = &self.slopes {
-            let ok = |x: f32| x.is_finite();
+            let ok = |x: f32| fits_log2(x);
             per_head(
                 &mut errors,
                 v,
                 Operand::AlibiSlopes,
-                "slope is not finite",
+                "slope is not finite, or |slope|·log2(e) overflows f32",
                 &ok,
             );
         }
         if let Some(v) = &self.sinks {
-            let ok = |x: f32| x < f32::INFINITY;
-            let reason = "sink logit is NaN or +inf";
+            let ok = |x: f32| x == f32::NEG_INFINITY || fits_log2(x);
+            let reason = "sink logit is NaN or +inf, or finite with |sink|·log2(e) overflowing f32";
             per_head(&mut errors, v, Operand::Sinks, reason, &ok);
         }
         if let Some(cap) = self.softcap {
-            if !(cap.is_finite() && cap > 0.0) {
+            if !(cap >= f32::MIN_POSITIVE && fits_log2(cap)) {
                 errors.push(Error::InvalidSoftcap(cap));
             }
         }
