@@ -607,14 +607,13 @@ pub fn check_rows(x: &Rows<'_>, stats: &mut Stats) {
                     .iter()
                     .all(|&x| x.is_finite() || x == f32::NEG_INFINITY);
                 let logits_finite = q_row.iter().all(|x| x.is_finite()) && k_finite && bias_ok;
-                // A NaN or ±∞ in V row j reaches only the rows that see key j (after causal,
-                // window, key lengths, boolean mask and a −∞ bias): hidden V rows are never
-                // multiplied, so this row's result must be finite and within its bound.
+                // A NaN or ±∞ in V row j reaches only the rows that see key j (causal, window,
+                // key lengths, boolean mask): hidden V rows are never multiplied, so this row's
+                // result must be finite and within its bound. A −∞ bias does not hide a key in
+                // this sense: its weight is 0 and `0 · NaN = NaN`, on both paths, as documented.
                 let v_finite = visible
                     .iter()
-                    .zip(&biases)
-                    .filter(|&(_, &bias)| bias != f32::NEG_INFINITY)
-                    .all(|(&j, _)| (0..s.d_v).all(|c| v.at([b, j, hk, c]).is_finite()));
+                    .all(|&j| (0..s.d_v).all(|c| v.at([b, j, hk, c]).is_finite()));
                 // Whether every dot product and every score (and its difference to the row
                 // max, in the log2 domain) is representable in f32, as the crate's docs require;
                 // beyond, only NaN inputs have a documented effect.
