@@ -154,5 +154,5 @@ pub fn scratch_bytes_per_thread<Q: Element, KV: Element>(
     let [batch, n_q, heads, _] = q.dims();
     let out_dims = [batch, n_q, heads, v.dims()[3]];
     let problem = Problem::new(q, k, v, out_dims, None, opts)?;
-    fused::scratch_bytes(&problem, k.strides()[3] != 1 || KV::as_f32(&[]).is_none())
+    fused::scratch_bytes(&problem, k, v)
 }

@@ -74,7 +74,8 @@ impl<T: Element> StridedKv<'_, T> {
 
 impl<T: Element> KvSource for StridedKv<'_, T> {
     fn packs_keys(&self) -> bool {
-        self.k.strides()[3] != 1 || T::as_f32(&[]).is_none()
+        // Only unit-stride f32 rows are read in place.
+        self.k.strides()[3] != 1 || T::as_f32(self.k.data()).is_none()
     }
 
     #[inline(always)]

@@ -141,9 +141,14 @@ impl<'p> Schedule<'p> {
 
 /// Per-worker buffers needed by a call of this shape, in bytes (what
 /// [`crate::scratch_bytes_per_thread`] reports).
-pub(crate) fn scratch_bytes(problem: &Problem<'_>, k_packed: bool) -> Result<usize, Error> {
+pub(crate) fn scratch_bytes<KV: Element>(
+    problem: &Problem<'_>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+) -> Result<usize, Error> {
     let blocking = Blocking::for_problem(problem, geometry())?;
-    Ok(Scratch::bytes(&blocking, k_packed))
+    let kv = StridedKv { k: *k, v: *v };
+    Ok(Scratch::bytes(&blocking, kv.packs_keys()))
 }
 
 /// Memory kept between calls: the per-worker scratches and the split-KV partial results.

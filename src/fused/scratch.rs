@@ -135,7 +135,7 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 13] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 14] {
         let rows = b.max_panel_rows();
         let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
         let words = |len: Option<usize>| Buffer {
@@ -159,7 +159,8 @@ impl Scratch {
                 Some(0)
             }), // k
             f32s(b.kv_block.checked_mul(b.d_v_pad)), // v
-            f32s(Some(b.d_v_pad)),              // v_row (+ non_finite below)
+            f32s(Some(b.d_v_pad)),              // v_row
+            words(Some(b.kv_block)),            // non_finite (its capacity)
         ]
     }
 
@@ -171,9 +172,8 @@ impl Scratch {
     /// Bytes one scratch takes (saturating at `usize::MAX`).
     pub fn bytes(b: &Blocking, pack_k: bool) -> usize {
         let list = Self::buffers(b, pack_k);
-        let non_finite = b.kv_block.saturating_mul(std::mem::size_of::<usize>());
         list.iter()
-            .fold(non_finite, |acc, buf| acc.saturating_add(buf.bytes()))
+            .fold(0, |acc: usize, buf| acc.saturating_add(buf.bytes()))
     }
 
     /// Allocates the buffers of [`Scratch::buffers`] (zeroed), or `None` if they cannot be
@@ -189,10 +189,11 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, lo, hi, alibi_dist, alibi_slope, k, v, v_row] =
+        let [qt, st, o, m, l, alpha, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite] =
             Self::buffers(b, pack_k);
-        let mut non_finite = Vec::new();
-        non_finite.try_reserve_exact(b.kv_block).ok()?;
+        // A list of block keys: allocated with its capacity, used from empty.
+        let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
+        non_finite.clear();
         Some(Scratch {
             fits: (*b, pack_k),
             tile: TileBuffers {
