@@ -29,6 +29,13 @@ pub enum Operand {
     Sinks,
     /// One of the partial results given to [`merge_partials`](crate::merge_partials).
     Partial,
+    /// The query offsets `cu_seqlens_q` of a packed batch
+    /// ([`attention_varlen`](crate::attention_varlen)).
+    CuSeqlensQ,
+    /// The key offsets of packed K/V ([`PackedKv`](crate::PackedKv)).
+    CuSeqlensK,
+    /// The block table (or page size) of a paged cache ([`PagedKv`](crate::PagedKv)).
+    BlockTable,
 }
 
 impl fmt::Display for Operand {
@@ -45,6 +52,9 @@ impl fmt::Display for Operand {
             Operand::AlibiSlopes => "alibi slopes",
             Operand::Sinks => "sinks",
             Operand::Partial => "partial",
+            Operand::CuSeqlensQ => "cu_seqlens_q",
+            Operand::CuSeqlensK => "cu_seqlens_k",
+            Operand::BlockTable => "block table",
         })
     }
 }

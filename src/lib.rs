@@ -72,6 +72,7 @@
 mod element;
 mod error;
 mod fused;
+mod kv_cache;
 mod math;
 mod merge;
 mod microkernel;
@@ -91,6 +92,7 @@ pub use element::Element;
 pub use error::{Dim, Error, Operand};
 /// The `half` crate, whose `f16` and `bf16` are element types of this one.
 pub use half;
+pub use kv_cache::{PackedKv, PagedKv, VarlenKv};
 pub use merge::{merge_partials, Partial};
 pub use options::{alibi_slopes, Alignment, Options};
 pub use simd::{backend, Backend};
@@ -134,6 +136,56 @@ pub fn attention_lse<Q: Element, KV: Element, O: Element>(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     Workspace::new().attention_lse(q, k, v, out, lse, opts)
+}
+
+/// Attention over a paged K/V cache ([`PagedKv`]: page pools and a block table), as vLLM and
+/// FlashAttention-2's `flash_attn_with_kvcache(…, block_table=…)` keep it. Q, `out` and `lse`
+/// are as in [`attention_lse`] (`[B, n_q, H, d]`, LSE `[B, H, n_q]`, `None` to skip it); the
+/// key buffer of sequence `b` is its `pages_per_seq · page_size` slots, of which
+/// [`Options::kv_lens`] gives the live length (bottom-right alignment per sequence, as in a
+/// dense call). Results are bitwise identical to [`attention_lse`] on the same keys stored
+/// densely.
+///
+/// # Errors
+/// As [`attention_lse`] (K/V dims checked against Q's on `H_kv` and `d_k`), plus
+/// [`Error::LengthMismatch`] (operand [`Operand::BlockTable`]) when the table does not have
+/// `B · pages_per_seq` entries and [`Error::InvalidValue`] (same operand) for an entry that a
+/// sequence's length reaches and that is not a page of the pool; `kv_lens[b]` may not exceed
+/// `pages_per_seq · page_size`.
+pub fn attention_paged<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    kv: &PagedKv<'_, KV>,
+    out: &mut TensorMut<'_, O>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), Error> {
+    Workspace::new().attention_paged(q, kv, out, lse, opts)
+}
+
+/// Attention over a packed batch of variable-length sequences, as FlashAttention-2's
+/// `flash_attn_varlen_func`: Q is `[1, total_q, H, d_k]` with sequence `b` in rows
+/// `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` (B + 1 non-decreasing offsets), `out` is
+/// `[1, total_q, H, d_v]` alike, and `lse` (if given) is `[H, total_q]`: `lse[h · total_q + t]`
+/// for packed row `t`. K/V are packed with their own offsets or paged ([`VarlenKv`]); each
+/// sequence has its own `n_q` and keys, and bottom-right alignment is per sequence (its rows
+/// are the last of its keys: chunked prefill and decode rows mix in one call). Packed rows
+/// outside every sequence are not written. Bias and mask are indexed `[b, i, h, j]` within
+/// each sequence and broadcast against `[B, max n_q, H, max keys]`.
+///
+/// # Errors
+/// As [`attention_lse`], with [`Error::LengthMismatch`] / [`Error::InvalidValue`] for offsets
+/// that are empty, decreasing or past the packed rows (operands [`Operand::CuSeqlensQ`],
+/// [`Operand::CuSeqlensK`]; `cu_seqlens_k` needs B + 1 entries), for a block table as in
+/// [`attention_paged`], and [`Error::ShapeMismatch`] when the batch dim of Q, K or `out` is not 1.
+pub fn attention_varlen<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    cu_seqlens_q: &[usize],
+    kv: &VarlenKv<'_, KV>,
+    out: &mut TensorMut<'_, O>,
+    lse: Option<&mut [f32]>,
+    opts: &Options<'_>,
+) -> Result<(), Error> {
+    Workspace::new().attention_varlen(q, cu_seqlens_q, kv, out, lse, opts)
 }
 
 /// The bytes of scratch memory the fused kernel allocates per worker thread for a call with

@@ -2,6 +2,7 @@
 //! the options, reduced to a [`Problem`] that both the fused kernel and the reference read.
 
 use crate::error::{Dim, Error, Operand};
+use crate::kv_cache::{PagedKv, VarlenKv};
 use crate::options::{Alignment, Options};
 use crate::tensor::{offset, Tensor};
 
@@ -60,6 +61,86 @@ fn check_len<T>(s: &[T], len: usize, operand: Operand) -> Result<(), Error> {
     }
 }
 
+/// Checks each dim of `got` against `want`.
+fn expect(operand: Operand, got: [usize; 4], want: [usize; 4]) -> Result<(), Error> {
+    for ((&g, &w), dim) in got.iter().zip(&want).zip(Dim::ALL) {
+        if g != w {
+            return Err(Error::ShapeMismatch {
+                operand,
+                dim,
+                expected: w,
+                got: g,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The LSE length of a dense call, `batch · heads · n_q`. The output view holds
+/// `batch · n_q · heads · d_v` elements, but with `d_v = 0` this product can still overflow; a
+/// slice that long cannot exist, so it is reported as `usize::MAX`.
+fn dense_lse_len(batch: usize, heads: usize, n_q: usize) -> usize {
+    batch
+        .checked_mul(heads)
+        .and_then(|x| x.checked_mul(n_q))
+        .unwrap_or(usize::MAX)
+}
+
+/// Checks packed-sequence offsets (`cu_seqlens`: one more than the sequences, non-decreasing,
+/// the last at most `total` rows) and returns the longest sequence.
+fn check_offsets(cu: &[usize], total: usize, operand: Operand) -> Result<usize, Error> {
+    if cu.is_empty() {
+        return Err(Error::LengthMismatch {
+            operand,
+            expected: 1,
+            got: 0,
+        });
+    }
+    let mut longest = 0;
+    for (index, pair) in cu.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            return Err(Error::InvalidValue {
+                operand,
+                index: index + 1,
+                reason: "offsets must be non-decreasing",
+            });
+        }
+        longest = longest.max(pair[1] - pair[0]);
+    }
+    if cu[cu.len() - 1] > total {
+        return Err(Error::InvalidValue {
+            operand,
+            index: cu.len() - 1,
+            reason: "offset past the packed rows of the tensor",
+        });
+    }
+    Ok(longest)
+}
+
+/// The logical sizes of a call: Q `[batch, n_q, heads, d_k]`, K `[batch, n_kv, kv_heads,
+/// d_k]`, V and out alike. For packed or paged storage, `n_q` is the longest query sequence
+/// and `n_kv` the largest per-sequence key capacity.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    batch: usize,
+    n_q: usize,
+    heads: usize,
+    kv_heads: usize,
+    n_kv: usize,
+    d_k: usize,
+    d_v: usize,
+}
+
+/// Where the sequences of a packed batch lie (`None`: the dense `[B, n, …]` layout).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Seqs<'a> {
+    /// Packed queries and outputs: sequence `b` is rows `q[b] .. q[b + 1]` of a
+    /// `[1, total_q, H, d]` view.
+    pub q: Option<&'a [usize]>,
+    /// Packed keys and values: sequence `b`'s keys are rows `kv[b] .. kv[b + 1]`.
+    pub kv: Option<&'a [usize]>,
+}
+
 /// The validated sizes and semantics of one call. Everything the kernels need to know about
 /// *what* to compute, nothing about *how*.
 #[derive(Debug, Clone)]
@@ -78,8 +159,10 @@ pub(crate) struct Problem<'a> {
     pub right: Option<usize>,
     /// Keys visible before the diagonal: row `i` sees `j ≥ i + off − left`. `None`: unbounded.
     pub left: Option<usize>,
-    /// Per-batch key lengths (all `≤ n_kv`).
+    /// Per-batch key lengths (each at most its sequence's keys).
     pub kv_lens: Option<&'a [usize]>,
+    /// Packed sequences, if any.
+    pub seqs: Seqs<'a>,
     pub bias: Option<Broadcast<'a, f32>>,
     pub mask: Option<Broadcast<'a, bool>>,
     /// ALiBi slope per query head.
@@ -107,14 +190,30 @@ impl<'a> Problem<'a> {
     /// FlashAttention-2's `cache_seqlens` does.
     pub fn diag_offset(&self, b: usize) -> i128 {
         match self.alignment {
-            Some(Alignment::BottomRight) => self.kv_len(b) as i128 - self.n_q as i128,
+            Some(Alignment::BottomRight) => self.kv_len(b) as i128 - self.q_len(b) as i128,
             _ => 0,
         }
     }
 
-    /// The number of keys of batch `b` (its key length, or `n_kv`).
+    /// The number of keys of batch `b`: its key length, or else its packed sequence's length,
+    /// or `n_kv`.
     pub fn kv_len(&self, b: usize) -> usize {
-        self.kv_lens.map_or(self.n_kv, |l| l[b])
+        match (self.kv_lens, self.seqs.kv) {
+            (Some(l), _) => l[b],
+            (None, Some(cu)) => cu[b + 1] - cu[b],
+            (None, None) => self.n_kv,
+        }
+    }
+
+    /// The number of query rows of batch `b` (`n_q`, or its packed sequence's length).
+    pub fn q_len(&self, b: usize) -> usize {
+        self.seqs.q.map_or(self.n_q, |cu| cu[b + 1] - cu[b])
+    }
+
+    /// Where query row `i` of batch `b` is stored in Q and out: `(batch, seq)` indices of
+    /// the views (`(0, cu_seqlens_q[b] + i)` when packed).
+    pub fn q_row(&self, b: usize, i: usize) -> (usize, usize) {
+        self.seqs.q.map_or((b, i), |cu| (0, cu[b] + i))
     }
 
     /// Whether key `j` passes the causal, window and key-length masks for row `i` of batch `b`
@@ -151,7 +250,8 @@ impl<'a> Problem<'a> {
         (lo, hi.max(lo))
     }
 
-    /// Validates the operands of a call (`out_dims`: the output's logical dims) and the options.
+    /// Validates the operands of a call on dense tensors (`out_dims`: the output's logical
+    /// dims) and the options.
     pub fn new<Q, KV>(
         q: &Tensor<'_, Q>,
         k: &Tensor<'_, KV>,
@@ -163,36 +263,180 @@ impl<'a> Problem<'a> {
         let [batch, n_q, heads, d_k] = q.dims();
         let [_, n_kv, kv_heads, _] = k.dims();
         let d_v = v.dims()[3];
-        let expect = |operand: Operand, got: [usize; 4], want: [usize; 4]| {
-            for ((&g, &w), dim) in got.iter().zip(&want).zip(Dim::ALL) {
-                if g != w {
-                    return Err(Error::ShapeMismatch {
-                        operand,
-                        dim,
-                        expected: w,
-                        got: g,
-                    });
-                }
-            }
-            Ok(())
-        };
         expect(Operand::Key, k.dims(), [batch, n_kv, kv_heads, d_k])?;
         expect(Operand::Value, v.dims(), [batch, n_kv, kv_heads, d_v])?;
         expect(Operand::Output, out_dims, [batch, n_q, heads, d_v])?;
+        let sizes = Sizes {
+            batch,
+            n_q,
+            heads,
+            kv_heads,
+            n_kv,
+            d_k,
+            d_v,
+        };
+        let lse_len = dense_lse_len(batch, heads, n_q);
+        Self::build(
+            sizes,
+            Seqs::default(),
+            lse.map(|l| (l.len(), lse_len)),
+            opts,
+        )
+    }
+
+    /// Validates a call whose K/V pages are `kv` (Q, out and LSE dense, as in
+    /// [`Problem::new`]): the logical key buffer of sequence `b` is its `pages_per_seq` pages,
+    /// and every table entry a sequence's key length reaches must name a page of the pool.
+    pub fn new_paged<Q, KV>(
+        q: &Tensor<'_, Q>,
+        kv: &PagedKv<'a, KV>,
+        out_dims: [usize; 4],
+        lse: Option<&[f32]>,
+        opts: &Options<'a>,
+    ) -> Result<Self, Error> {
+        let [batch, n_q, heads, d_k] = q.dims();
+        let [_, _, kv_heads, d_kk] = kv.k.dims();
+        let d_v = kv.v.dims()[3];
+        expect(
+            Operand::Key,
+            [batch, 0, kv_heads, d_kk],
+            [batch, 0, kv_heads, d_k],
+        )?;
+        expect(Operand::Output, out_dims, [batch, n_q, heads, d_v])?;
+        let n_kv = kv.capacity()?;
+        check_len(
+            kv.block_table,
+            batch.saturating_mul(kv.pages_per_seq),
+            Operand::BlockTable,
+        )?;
+        let sizes = Sizes {
+            batch,
+            n_q,
+            heads,
+            kv_heads,
+            n_kv,
+            d_k,
+            d_v,
+        };
+        let lse_len = dense_lse_len(batch, heads, n_q);
+        let p = Self::build(
+            sizes,
+            Seqs::default(),
+            lse.map(|l| (l.len(), lse_len)),
+            opts,
+        )?;
+        p.check_pages(kv)?;
+        Ok(p)
+    }
+
+    /// Validates a packed variable-length call: Q `[1, total_q, H, d_k]` with sequence `b` in
+    /// rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]`, out alike, LSE `[H, total_q]`, K/V
+    /// packed (`[1, total_kv, H_kv, d]` with `cu_seqlens_k`) or paged.
+    pub fn new_varlen<Q, KV>(
+        q: &Tensor<'_, Q>,
+        cu_seqlens_q: &'a [usize],
+        kv: &VarlenKv<'a, KV>,
+        out_dims: [usize; 4],
+        lse: Option<&[f32]>,
+        opts: &Options<'a>,
+    ) -> Result<Self, Error> {
+        let [one, total_q, heads, d_k] = q.dims();
+        expect(Operand::Query, [one, 0, 0, 0], [1, 0, 0, 0])?;
+        let batch = cu_seqlens_q.len().saturating_sub(1);
+        let n_q = check_offsets(cu_seqlens_q, total_q, Operand::CuSeqlensQ)?;
+        let (kv_heads, d_kk, d_v, n_kv, kv_offsets) = match kv {
+            VarlenKv::Packed(p) => {
+                let [one, total_kv, kv_heads, d_kk] = p.k.dims();
+                let d_v = p.v.dims()[3];
+                expect(Operand::Key, [one, 0, 0, 0], [1, 0, 0, 0])?;
+                expect(Operand::Value, p.v.dims(), [1, total_kv, kv_heads, d_v])?;
+                check_len(p.cu_seqlens_k, batch + 1, Operand::CuSeqlensK)?;
+                let n_kv = check_offsets(p.cu_seqlens_k, total_kv, Operand::CuSeqlensK)?;
+                (kv_heads, d_kk, d_v, n_kv, Some(p.cu_seqlens_k))
+            }
+            VarlenKv::Paged(p) => {
+                let [_, _, kv_heads, d_kk] = p.k.dims();
+                let n_kv = p.capacity()?;
+                check_len(
+                    p.block_table,
+                    batch.saturating_mul(p.pages_per_seq),
+                    Operand::BlockTable,
+                )?;
+                (kv_heads, d_kk, p.v.dims()[3], n_kv, None)
+            }
+        };
+        expect(Operand::Key, [0, 0, kv_heads, d_kk], [0, 0, kv_heads, d_k])?;
+        expect(Operand::Output, out_dims, [1, total_q, heads, d_v])?;
+        let sizes = Sizes {
+            batch,
+            n_q,
+            heads,
+            kv_heads,
+            n_kv,
+            d_k,
+            d_v,
+        };
+        let seqs = Seqs {
+            q: Some(cu_seqlens_q),
+            kv: kv_offsets,
+        };
+        let lse_len = heads.checked_mul(total_q).unwrap_or(usize::MAX);
+        let p = Self::build(sizes, seqs, lse.map(|l| (l.len(), lse_len)), opts)?;
+        if let VarlenKv::Paged(paged) = kv {
+            p.check_pages(paged)?;
+        }
+        Ok(p)
+    }
+
+    /// Every table entry that a sequence's key length reaches names a page of the pool.
+    fn check_pages<KV>(&self, kv: &PagedKv<'_, KV>) -> Result<(), Error> {
+        let pages = kv.k.dims()[0];
+        let page_size = kv.k.dims()[1];
+        for b in 0..self.batch {
+            let used = self.kv_len(b).div_ceil(page_size);
+            let row = &kv.block_table[b * kv.pages_per_seq..][..used];
+            if let Some(p) = row.iter().position(|&page| page as usize >= pages) {
+                return Err(Error::InvalidValue {
+                    operand: Operand::BlockTable,
+                    index: b * kv.pages_per_seq + p,
+                    reason: "page index is not below the number of pages in the pool",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks every call shares, on its logical sizes: heads, head size, LSE length
+    /// (`lse`: its length and the length the shapes imply), scale and options.
+    fn build(
+        sizes: Sizes,
+        seqs: Seqs<'a>,
+        lse: Option<(usize, usize)>,
+        opts: &Options<'a>,
+    ) -> Result<Self, Error> {
+        let Sizes {
+            batch,
+            n_q,
+            heads,
+            kv_heads,
+            n_kv,
+            d_k,
+            d_v,
+        } = sizes;
         if kv_heads == 0 || heads == 0 || heads % kv_heads != 0 {
             return Err(Error::HeadsNotDivisible { heads, kv_heads });
         }
         if d_k == 0 {
             return Err(Error::ZeroHeadDim);
         }
-        if let Some(lse) = lse {
-            // The output view holds batch·n_q·heads·d_v elements, but with d_v = 0 the product
-            // below can still overflow; a slice that long cannot exist, so report usize::MAX.
-            let expected = batch
-                .checked_mul(heads)
-                .and_then(|x| x.checked_mul(n_q))
-                .unwrap_or(usize::MAX);
-            check_len(lse, expected, Operand::Lse)?;
+        if let Some((got, expected)) = lse {
+            if got != expected {
+                return Err(Error::LengthMismatch {
+                    operand: Operand::Lse,
+                    expected,
+                    got,
+                });
+            }
         }
         let scale = opts.scale.unwrap_or(1.0 / (d_k as f32).sqrt());
         if !scale.is_finite() {
@@ -224,11 +468,12 @@ impl<'a> Problem<'a> {
 
         if let Some(lens) = opts.kv_lens {
             check_len(lens, batch, Operand::KvLens)?;
-            if let Some(index) = lens.iter().position(|&l| l > n_kv) {
+            let capacity = |b: usize| seqs.kv.map_or(n_kv, |cu| cu[b + 1] - cu[b]);
+            if let Some(index) = (0..batch).position(|b| lens[b] > capacity(b)) {
                 return Err(Error::InvalidValue {
                     operand: Operand::KvLens,
                     index,
-                    reason: "key length exceeds n_kv",
+                    reason: "key length exceeds the sequence's keys (n_kv)",
                 });
             }
         }
@@ -292,6 +537,7 @@ impl<'a> Problem<'a> {
             right,
             left,
             kv_lens: opts.kv_lens,
+            seqs,
             bias,
             mask,
             alibi: opts.alibi.map(|a| a.0),

@@ -3,7 +3,8 @@
 
 use crate::element::Element;
 use crate::error::Error;
-use crate::fused;
+use crate::fused::{self, RowMap, TensorKv};
+use crate::kv_cache::{PagedKv, VarlenKv};
 use crate::options::Options;
 use crate::problem::Problem;
 use crate::tensor::{Tensor, TensorMut};
@@ -66,12 +67,16 @@ impl Workspace {
         opts: &Options<'_>,
     ) -> Result<(), Error> {
         let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
+        let kv = TensorKv {
+            k: *k,
+            v: *v,
+            map: RowMap::Dense,
+        };
         fused::run(
             &mut self.inner,
             &problem,
             q,
-            k,
-            v,
+            kv,
             out,
             None,
             opts.tile_counter,
@@ -92,15 +97,90 @@ impl Workspace {
         opts: &Options<'_>,
     ) -> Result<(), Error> {
         let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
+        let kv = TensorKv {
+            k: *k,
+            v: *v,
+            map: RowMap::Dense,
+        };
         fused::run(
             &mut self.inner,
             &problem,
             q,
-            k,
-            v,
+            kv,
             out,
             Some(lse),
             opts.tile_counter,
         )
+    }
+
+    /// [`attention_paged`](crate::attention_paged) with this workspace's memory.
+    ///
+    /// # Errors
+    /// As [`attention_paged`](crate::attention_paged).
+    pub fn attention_paged<Q: Element, KV: Element, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        kv: &PagedKv<'_, KV>,
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+        opts: &Options<'_>,
+    ) -> Result<(), Error> {
+        let problem = Problem::new_paged(q, kv, out.dims(), lse.as_deref(), opts)?;
+        let source = paged_source(kv);
+        fused::run(
+            &mut self.inner,
+            &problem,
+            q,
+            source,
+            out,
+            lse,
+            opts.tile_counter,
+        )
+    }
+
+    /// [`attention_varlen`](crate::attention_varlen) with this workspace's memory.
+    ///
+    /// # Errors
+    /// As [`attention_varlen`](crate::attention_varlen).
+    pub fn attention_varlen<Q: Element, KV: Element, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        cu_seqlens_q: &[usize],
+        kv: &VarlenKv<'_, KV>,
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+        opts: &Options<'_>,
+    ) -> Result<(), Error> {
+        let problem = Problem::new_varlen(q, cu_seqlens_q, kv, out.dims(), lse.as_deref(), opts)?;
+        let source = match kv {
+            VarlenKv::Packed(p) => TensorKv {
+                k: p.k,
+                v: p.v,
+                map: RowMap::Packed(p.cu_seqlens_k),
+            },
+            VarlenKv::Paged(p) => paged_source(p),
+        };
+        fused::run(
+            &mut self.inner,
+            &problem,
+            q,
+            source,
+            out,
+            lse,
+            opts.tile_counter,
+        )
+    }
+}
+
+/// The kernel's view of a paged cache.
+fn paged_source<'a, T: Element>(kv: &PagedKv<'a, T>) -> TensorKv<'a, T> {
+    TensorKv {
+        k: kv.k,
+        v: kv.v,
+        map: RowMap::Paged {
+            table: kv.block_table,
+            pages_per_seq: kv.pages_per_seq,
+            page_size: kv.page_size(),
+        },
     }
 }

@@ -108,6 +108,9 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     let bl = &cx.blocking;
     debug_assert_eq!((S::LANES, S::TILE), (bl.geometry.lanes, bl.geometry.tile));
     let rows = item.rows(bl.group);
+    if rows == 0 {
+        return; // a query block past its sequence's end (packed batches)
+    }
     let t = Tiles {
         rows,
         ld_s: rows.div_ceil(S::LANES) * S::LANES,
@@ -164,7 +167,8 @@ fn pack_queries<S: Simd, Q: Element>(
     qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
     for r in 0..t.rows {
         let (h, i) = item.row_origin(group, r);
-        let base = item.batch * qs_b + i * qs_s + h * qs_h;
+        let (b, i) = cx.problem.q_row(item.batch, i);
+        let base = b * qs_b + i * qs_s + h * qs_h;
         let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
         for c in 0..t.d_k {
             panel[c * nr + r % nr] = q[base + c * qs_d].to_f32();

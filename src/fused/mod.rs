@@ -25,7 +25,8 @@ use crate::simd::{dispatch, geometry, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
 use blocking::{split_range, Blocking, MAX_SPLITS};
 use item::{stream_item, Ctx, Item};
-use kv::{KvSource, StridedKv};
+use kv::KvSource;
+pub(crate) use kv::{RowMap, TensorKv};
 use rayon::prelude::*;
 use rows::{finish_item, Part, RowWriter};
 use scratch::{Scratch, ScratchPool};
@@ -97,7 +98,9 @@ impl<'p> Schedule<'p> {
         let kv_head = (index / self.q_blocks) % p.kv_heads;
         let batch = index / (self.q_blocks * p.kv_heads);
         let q_start = q_block * self.q_rows;
-        (batch, kv_head, q_start, self.q_rows.min(p.n_q - q_start))
+        // Packed batches: blocks past a shorter sequence's end are empty.
+        let q_len = self.q_rows.min(p.q_len(batch).saturating_sub(q_start));
+        (batch, kv_head, q_start, q_len)
     }
 
     /// The keys some row of item `index` can see (causal, window, key length): `[lo, hi)`,
@@ -147,7 +150,11 @@ pub(crate) fn scratch_bytes<KV: Element>(
     v: &Tensor<'_, KV>,
 ) -> Result<usize, Error> {
     let blocking = Blocking::for_problem(problem, geometry())?;
-    let kv = StridedKv { k: *k, v: *v };
+    let kv = TensorKv {
+        k: *k,
+        v: *v,
+        map: RowMap::Dense,
+    };
     Ok(Scratch::bytes(&blocking, kv.packs_keys()))
 }
 
@@ -172,20 +179,17 @@ impl Workspace {
     }
 }
 
-/// Computes attention for a validated problem with the fused kernel, K and V read from strided
-/// tensors, with the memory of `ws`.
-#[allow(clippy::too_many_arguments)]
+/// Computes attention for a validated problem with the fused kernel, K and V read from `kv`
+/// (dense, packed or paged tensors), with the memory of `ws`.
 pub(crate) fn run<Q: Element, KV: Element, O: Element>(
     ws: &mut Workspace,
     problem: &Problem<'_>,
     q: &Tensor<'_, Q>,
-    k: &Tensor<'_, KV>,
-    v: &Tensor<'_, KV>,
+    kv: TensorKv<'_, KV>,
     out: &mut TensorMut<'_, O>,
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {
-    let kv = StridedKv { k: *k, v: *v };
     run_source(ws, problem, q, kv, out, lse, tile_counter)
 }
 
@@ -220,9 +224,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
         kv,
     };
     let writer = RowWriter::new(out, lse);
-    let group = blocking.group;
     let d_vp = blocking.d_v_pad;
-    let sinks = problem.sinks;
 
     // Stream one work unit into the scratch's tile buffers.
     let compute = |unit: usize, scratch: &mut Scratch| -> Item {
@@ -251,7 +253,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
                     m: &tile.m,
                     l: &tile.l,
                 };
-                finish_item(&writer, &item, group, d_vp, &[part], sinks, &mut kv.v_row);
+                finish_item(&writer, problem, &item, d_vp, &[part], &mut kv.v_row);
             },
         );
     } else {
@@ -261,7 +263,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
             &pool,
             &mut ws.partials,
             &compute,
-            |item, parts, acc| finish_item(&writer, item, group, d_vp, parts, sinks, acc),
+            |item, parts, acc| finish_item(&writer, problem, item, d_vp, parts, acc),
         )?;
     }
     ws.scratches = pool.into_scratches();

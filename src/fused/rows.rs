@@ -5,6 +5,7 @@
 use super::item::Item;
 use crate::element::Element;
 use crate::math::{exp2, log2};
+use crate::problem::Problem;
 use crate::tensor::TensorMut;
 use std::f32::consts::{LN_2, LOG2_E};
 
@@ -40,13 +41,14 @@ fn combine_row(parts: &[Part<'_>], r: usize, d_vp: usize, acc: &mut [f32]) -> (f
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_item<O: Element>(
     writer: &RowWriter<O>,
+    problem: &Problem<'_>,
     item: &Item,
-    group: usize,
     d_vp: usize,
     parts: &[Part<'_>],
-    sinks: Option<&[f32]>,
     acc: &mut [f32],
 ) {
+    let group = problem.group();
+    let sinks = problem.sinks;
     for r in 0..item.rows(group) {
         // One part: the row itself (every weight of the combine would be exactly 1).
         let (o, m, l) = match parts {
@@ -57,10 +59,13 @@ pub(crate) fn finish_item<O: Element>(
             }
         };
         let (h, i) = item.row_origin(group, r);
-        // SAFETY: row (batch, i, h) belongs to this item alone: items partition (batch, kv
-        // head, query block) and `row_origin` maps rows to distinct (head, position) pairs
-        // inside the item's heads and query block.
-        unsafe { writer.write_row(item.batch, i, h, o, m, l, sinks.map(|s| s[h])) };
+        let (b, i) = problem.q_row(item.batch, i);
+        // SAFETY: row (b, i, h) belongs to this item alone: items partition (batch, kv head,
+        // query block), `row_origin` maps rows to distinct (head, position) pairs inside the
+        // item's heads and query block, and `q_row` maps distinct (batch, position) pairs to
+        // distinct rows of the view (packed sequences occupy the disjoint ranges
+        // `cu[b] .. cu[b + 1]` of validated, non-decreasing offsets).
+        unsafe { writer.write_row(b, i, h, o, m, l, sinks.map(|s| s[h])) };
     }
 }
 
