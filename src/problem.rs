@@ -380,7 +380,7 @@ impl<'a> Problem<'a> {
             q: Some(cu_seqlens_q),
             kv: kv_offsets,
         };
-        let lse_len = heads.checked_mul(total_q).unwrap_or(usize::MAX);
+        let lse_len = heads.saturating_mul(total_q);
         let p = Self::build(sizes, seqs, lse.map(|l| (l.len(), lse_len)), opts)?;
         if let VarlenKv::Paged(paged) = kv {
             p.check_pages(paged)?;
