@@ -228,10 +228,7 @@ fn load_values<'s, S: Simd>(
     non_finite.clear();
     let d_vp = t.d_vp;
     if t.d_v == 0 {
-        return Rows {
-            data: buf,
-            ld: d_vp,
-        };
+        return Rows::strided(buf, d_vp);
     }
     match kv.values_in_place(at, d_vp) {
         Some(rows) => {
@@ -245,15 +242,9 @@ fn load_values<'s, S: Simd>(
         }
         None => {
             kv.pack_values(at, d_vp, buf);
-            let rows = Rows {
-                data: buf,
-                ld: d_vp,
-            };
+            let rows = Rows::strided(buf, d_vp);
             if !isolate || all_finite(s, rows, at.len, d_vp) {
-                return Rows {
-                    data: buf,
-                    ld: d_vp,
-                };
+                return Rows::strided(buf, d_vp);
             }
             find_non_finite(rows, at.len, t.d_v, non_finite);
         }
@@ -261,10 +252,7 @@ fn load_values<'s, S: Simd>(
     for &j in non_finite.iter() {
         buf[j * d_vp..(j + 1) * d_vp].fill(0.0);
     }
-    Rows {
-        data: buf,
-        ld: d_vp,
-    }
+    Rows::strided(buf, d_vp)
 }
 
 /// Whether each of the item's `rows` sees every key of `block` by its causal/window/length
@@ -430,6 +418,9 @@ fn softmax_update<S: Simd>(s: S, t: &Tiles, block: &Block, tile: &mut TileBuffer
     }
 }
 
+/// The rescale factor of every accumulator after a block's first run of V rows.
+const ONES: [f32; 16] = [1.0; 16];
+
 /// `O = α ⊙ O + P · V`, row groups of the tile height over the keys some row of the group
 /// sees. Column panels outside, row groups inside: one V panel (kv_block × 2 vectors: 24 KiB
 /// at 192 keys on AVX-512) stays in L1 while every row group's Pᵀ streams past it, so V is
@@ -452,24 +443,31 @@ fn output_product<S: Simd>(
             else {
                 continue;
             };
-            let pt = &tile.st[glo * t.ld_s + r0..];
-            let v = &values.data[glo * values.ld + col..];
-            let alpha = &tile.alpha[r0..r1];
+            // One call per run of adjacent V rows (the whole range, except for rows read in
+            // place across pages); O is rescaled by α in the first only (×1 is exact), so the
+            // sums are the same as in one call.
+            let mut alpha = &tile.alpha[r0..r1];
             let o = &mut tile.o[r0 * t.d_vp + col..];
-            let c = ghi - glo;
-            output_rows(
-                s,
-                r1 - r0,
-                width,
-                pt,
-                t.ld_s,
-                c,
-                v,
-                values.ld,
-                alpha,
-                o,
-                t.d_vp,
-            );
+            let mut j = glo;
+            while j < ghi {
+                let (v, c) = values.run(j, ghi - j);
+                let pt = &tile.st[j * t.ld_s + r0..];
+                output_rows(
+                    s,
+                    r1 - r0,
+                    width,
+                    pt,
+                    t.ld_s,
+                    c,
+                    &v[col..],
+                    values.ld,
+                    alpha,
+                    o,
+                    t.d_vp,
+                );
+                alpha = &ONES[..r1 - r0];
+                j += c;
+            }
         }
     }
 }

@@ -10,19 +10,71 @@
 use crate::element::Element;
 use crate::tensor::Tensor;
 
-/// A block of f32 rows: row `j` is `data[j · ld ..][..width]` (`ld` may be 0: one row
-/// repeated).
+/// A block of f32 rows, `width` values each: row `j` starts at `data[j · ld]` (`ld` may be 0:
+/// one row repeated), or, for rows read in place from a paged cache, at its page's offset.
 #[derive(Clone, Copy)]
 pub(crate) struct Rows<'s> {
-    pub data: &'s [f32],
+    data: &'s [f32],
+    /// Elements between adjacent rows.
     pub ld: usize,
+    pages: Option<Pages<'s>>,
+}
+
+/// Where the rows of a block read in place from a paged cache lie: row `j` is key
+/// `first + j` of a sequence whose pages are `table`.
+#[derive(Clone, Copy)]
+struct Pages<'s> {
+    table: &'s [u32],
+    first: usize,
+    page_size: usize,
+    /// `log2(page_size)` when it is a power of two (a shift and a mask instead of a division).
+    shift: Option<u32>,
+    /// Elements between pages, and the head's offset inside a slot.
+    page_stride: usize,
+    head: usize,
 }
 
 impl<'s> Rows<'s> {
+    /// Rows `ld` apart from the start of `data`.
+    pub fn strided(data: &'s [f32], ld: usize) -> Self {
+        Rows {
+            data,
+            ld,
+            pages: None,
+        }
+    }
+
+    /// The offset of row `j` in `data`.
+    #[inline(always)]
+    fn start(&self, j: usize) -> usize {
+        match self.pages {
+            None => j * self.ld,
+            Some(p) => {
+                let key = p.first + j;
+                let (page, slot) = match p.shift {
+                    Some(shift) => (key >> shift, key & (p.page_size - 1)),
+                    None => (key / p.page_size, key % p.page_size),
+                };
+                p.table[page] as usize * p.page_stride + slot * self.ld + p.head
+            }
+        }
+    }
+
     /// Row `j`, `width` values.
     #[inline(always)]
     pub fn row(&self, j: usize, width: usize) -> &'s [f32] {
-        &self.data[j * self.ld..][..width]
+        &self.data[self.start(j)..][..width]
+    }
+
+    /// The rows from `j` on that are adjacent in memory (`ld` apart), at most `limit`: the
+    /// data from row `j` and their count (≥ 1 when `limit ≥ 1`).
+    #[inline(always)]
+    pub fn run(&self, j: usize, limit: usize) -> (&'s [f32], usize) {
+        let n = match self.pages {
+            None => limit,
+            Some(p) => limit.min(p.page_size - (p.first + j) % p.page_size),
+        };
+        (&self.data[self.start(j)..], n)
     }
 }
 
@@ -87,21 +139,12 @@ impl RowMap<'_> {
             ),
         }
     }
-
-    /// Whether keys `at.j0 .. at.j0 + at.len` are consecutive along dim 1 (one stride apart).
-    #[inline(always)]
-    fn adjacent(&self, at: KeyRange) -> bool {
-        match *self {
-            RowMap::Dense | RowMap::Packed(_) => true,
-            RowMap::Paged { page_size, .. } => at.j0 % page_size + at.len <= page_size,
-        }
-    }
 }
 
 /// K and V as tensors of one element type (BSHD, BHSD, padded, broadcast: any strides), dense,
-/// packed or paged ([`RowMap`]). f32 rows with unit stride are read in place where a block's
-/// rows are adjacent; otherwise (f16/bf16, strided channels, a block across pages) rows are
-/// converted or gathered block by block into the worker's buffers.
+/// packed or paged ([`RowMap`]). f32 rows with unit channel stride are read in place (paged
+/// ones through the block table, row by row); other rows (f16/bf16, strided channels) are
+/// converted block by block into the worker's buffers.
 pub(crate) struct TensorKv<'a, T> {
     pub k: Tensor<'a, T>,
     pub v: Tensor<'a, T>,
@@ -132,43 +175,65 @@ impl<T: Element> TensorKv<'_, T> {
     }
 }
 
+impl<T: Element> TensorKv<'_, T> {
+    /// The rows of `at` read in place from `t`, if it holds f32 with unit channel stride.
+    #[inline(always)]
+    fn in_place<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s>> {
+        let [s0, s1, s2, s3] = t.strides();
+        let data = T::as_f32(t.data()).filter(|_| s3 == 1)?;
+        Some(match self.map {
+            RowMap::Dense | RowMap::Packed(_) => {
+                Rows::strided(&data[self.row_offset(t, at, 0)..], s1)
+            }
+            RowMap::Paged {
+                table,
+                pages_per_seq,
+                page_size,
+            } => Rows {
+                data,
+                ld: s1,
+                pages: Some(Pages {
+                    table: &table[at.batch * pages_per_seq..][..pages_per_seq],
+                    first: at.j0,
+                    page_size,
+                    shift: page_size
+                        .is_power_of_two()
+                        .then(|| page_size.trailing_zeros()),
+                    page_stride: s0,
+                    head: at.kv_head * s2,
+                }),
+            },
+        })
+    }
+}
+
 impl<T: Element> KvSource for TensorKv<'_, T> {
     fn packs_keys(&self) -> bool {
-        // Only unit-stride f32 rows, never split across pages, are read in place.
-        self.k.strides()[3] != 1
-            || T::as_f32(self.k.data()).is_none()
-            || matches!(self.map, RowMap::Paged { .. })
+        // Only unit-stride f32 rows are read in place.
+        self.k.strides()[3] != 1 || T::as_f32(self.k.data()).is_none()
     }
 
     #[inline(always)]
     fn keys<'s>(&'s self, at: KeyRange, buf: &'s mut [f32]) -> Rows<'s> {
-        let d_k = self.k.dims()[3];
-        let data = self.k.data();
-        let [_, ks_s, _, ks_d] = self.k.strides();
-        if ks_d == 1 && self.map.adjacent(at) {
-            if let Some(f) = T::as_f32(data) {
-                return Rows {
-                    data: &f[self.row_offset(&self.k, at, 0)..],
-                    ld: ks_s,
-                };
-            }
+        if let Some(rows) = self.in_place(&self.k, at) {
+            return rows;
         }
+        let d_k = self.k.dims()[3];
+        let ks_d = self.k.strides()[3];
         for j in 0..at.len {
             let base = self.row_offset(&self.k, at, j);
-            Self::convert_row(data, base, ks_d, &mut buf[j * d_k..(j + 1) * d_k]);
+            Self::convert_row(self.k.data(), base, ks_d, &mut buf[j * d_k..(j + 1) * d_k]);
         }
-        Rows { data: buf, ld: d_k }
+        Rows::strided(buf, d_k)
     }
 
     #[inline(always)]
     fn values_in_place(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_>> {
         let d_v = self.v.dims()[3];
-        let [_, vs_s, _, vs_d] = self.v.strides();
-        let data = T::as_f32(self.v.data())?;
-        (vs_d == 1 && d_v == d_v_pad && d_v > 0 && self.map.adjacent(at)).then(|| Rows {
-            data: &data[self.row_offset(&self.v, at, 0)..],
-            ld: vs_s,
-        })
+        if d_v != d_v_pad || d_v == 0 {
+            return None;
+        }
+        self.in_place(&self.v, at)
     }
 
     #[inline(always)]

@@ -1,0 +1,231 @@
+//! Paged and packed-batch throughput against their dense counterparts, measured as ratios in
+//! one run (the two sides alternate `--rounds` times; medians compared).
+//!
+//! ```text
+//! cargo run --release --example kv_cache_bench -- --threads 1
+//! ```
+//! 1. Paged decode: B = 8 sequences of mixed lengths (1k…16k keys, 52k in all), H = 32,
+//!    H_kv = 8, d = 128, f32 K/V (430 MB, beyond the L3), one query row each, causal
+//!    bottom-right. Dense: a preallocated `[B, 16384, H_kv, d]` cache with `kv_lens`. Paged:
+//!    the same keys in shuffled pages of 16 and of 128 tokens. Reports paged time / dense time.
+//! 2. A packed batch: prefill chunks of 17, 300, 2048 and 5000 tokens (causal, keys = the
+//!    chunk) plus 8 decode rows against 4096-key caches, H = 32, H_kv = 8, d = 128, in one
+//!    `attention_varlen` call (K/V packed), against one dense call per sequence. Reports the
+//!    summed per-sequence time / the packed call's time (above 1: the packed call is faster).
+//!
+//! Flags: `--threads N` (default: all cores), `--rounds N` (default 5).
+
+use sdpa::{Alignment, Options, PackedKv, PagedKv, Tensor, TensorMut, VarlenKv, Workspace};
+use std::time::Instant;
+
+const H: usize = 32;
+const H_KV: usize = 8;
+const D: usize = 128;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Seconds one call of `f` takes.
+fn time(mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
+}
+
+/// Alternates `a` and `b` `rounds` times (after one warm-up each); medians in seconds.
+fn alternate(rounds: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    a();
+    b();
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        ta.push(time(&mut a));
+        tb.push(time(&mut b));
+    }
+    (median(ta), median(tb))
+}
+
+fn paged_decode(rounds: usize) {
+    let lens = [1024usize, 16384, 2048, 8192, 4096, 12288, 3000, 5000];
+    let (b, max_len) = (lens.len(), 16384);
+    let row = H_KV * D;
+    let k = values(b * max_len * row, 1);
+    let v = values(b * max_len * row, 2);
+    let q = values(b * H * D, 3);
+    let qv = Tensor::bshd(&q, [b, 1, H, D]).unwrap();
+    let kd = Tensor::bshd(&k, [b, max_len, H_KV, D]).unwrap();
+    let vd = Tensor::bshd(&v, [b, max_len, H_KV, D]).unwrap();
+    let opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
+    let mut out = vec![0.0f32; b * H * D];
+    let live: usize = lens.iter().sum();
+    let bytes = (live * row * 2 * 4) as f64;
+    for page in [16usize, 128] {
+        let pps = max_len / page;
+        // Only the live pages exist, in a shuffled order.
+        let used: Vec<usize> = lens.iter().map(|l| l.div_ceil(page)).collect();
+        let pages: usize = used.iter().sum();
+        let mut order: Vec<usize> = (0..pages).collect();
+        let r = values(pages, 9);
+        for i in (1..pages).rev() {
+            let j = (((r[i] + 1.0) * 0.5 * (i + 1) as f32) as usize).min(i);
+            order.swap(i, j);
+        }
+        let mut table = vec![0u32; b * pps];
+        let (mut kp, mut vp) = (
+            vec![0.0f32; pages * page * row],
+            vec![0.0f32; pages * page * row],
+        );
+        let mut next = 0;
+        for s in 0..b {
+            for p in 0..used[s] {
+                let dst = order[next];
+                next += 1;
+                table[s * pps + p] = dst as u32;
+                let src = (s * max_len + p * page) * row;
+                let n = page * row;
+                kp[dst * n..(dst + 1) * n].copy_from_slice(&k[src..src + n]);
+                vp[dst * n..(dst + 1) * n].copy_from_slice(&v[src..src + n]);
+            }
+        }
+        let pool = |x| Tensor::bshd(x, [pages, page, H_KV, D]).unwrap();
+        let kv = PagedKv::new(pool(&kp), pool(&vp), &table, pps).unwrap();
+        let (mut ws_a, mut ws_b) = (Workspace::new(), Workspace::new());
+        let mut out_b = out.clone();
+        let (dense, paged) = alternate(
+            rounds,
+            || {
+                let mut o = TensorMut::bshd(&mut out, [b, 1, H, D]).unwrap();
+                ws_a.attention(&qv, &kd, &vd, &mut o, &opts).unwrap();
+            },
+            || {
+                let mut o = TensorMut::bshd(&mut out_b, [b, 1, H, D]).unwrap();
+                ws_b.attention_paged(&qv, &kv, &mut o, None, &opts).unwrap();
+            },
+        );
+        assert_eq!(out, out_b, "paged and dense results differ");
+        println!(
+            "paged decode, page {page:>3}: dense {:.2} ms ({:.1} GB/s), paged {:.2} ms ({:.1} GB/s), paged/dense time {:.3}",
+            dense * 1e3,
+            bytes / dense / 1e9,
+            paged * 1e3,
+            bytes / paged / 1e9,
+            paged / dense
+        );
+    }
+}
+
+/// Rows `at .. at + n` of a packed `[1, total, h, D]` tensor as a `[1, n, h, D]` view.
+fn view(x: &[f32], at: usize, n: usize, h: usize) -> Tensor<'_, f32> {
+    Tensor::bshd(&x[at * h * D..(at + n) * h * D], [1, n, h, D]).unwrap()
+}
+
+fn packed_batch(rounds: usize) {
+    // (query rows, keys): prefill chunks see themselves, decode rows a 4096-key cache.
+    let mut seqs = vec![(17usize, 17usize), (300, 300), (2048, 2048), (5000, 5000)];
+    seqs.extend([(1, 4096); 8]);
+    let mut cu_q = vec![0];
+    let mut cu_k = vec![0];
+    for &(nq, nk) in &seqs {
+        cu_q.push(cu_q.last().unwrap() + nq);
+        cu_k.push(cu_k.last().unwrap() + nk);
+    }
+    let (tq, tk) = (*cu_q.last().unwrap(), *cu_k.last().unwrap());
+    let q = values(tq * H * D, 4);
+    let k = values(tk * H_KV * D, 5);
+    let v = values(tk * H_KV * D, 6);
+    let qv = Tensor::bshd(&q, [1, tq, H, D]).unwrap();
+    let kv = VarlenKv::from(PackedKv::new(
+        Tensor::bshd(&k, [1, tk, H_KV, D]).unwrap(),
+        Tensor::bshd(&v, [1, tk, H_KV, D]).unwrap(),
+        &cu_k,
+    ));
+    let opts = Options::new().causal(Alignment::BottomRight);
+    let mut out = vec![0.0f32; tq * H * D];
+    let mut out_b = out.clone();
+    let (mut ws_a, mut ws_b) = (Workspace::new(), Workspace::new());
+    let flops: f64 = seqs
+        .iter()
+        .map(|&(nq, nk)| {
+            let visible = (nq * nk - nq * (nq.saturating_sub(1)) / 2) as f64;
+            4.0 * visible * (H * D) as f64
+        })
+        .sum();
+    let (each, packed) = alternate(
+        rounds,
+        || {
+            for (s, &(nq, nk)) in seqs.iter().enumerate() {
+                let qs = view(&q, cu_q[s], nq, H);
+                let ks = view(&k, cu_k[s], nk, H_KV);
+                let vs = view(&v, cu_k[s], nk, H_KV);
+                let o = &mut out[cu_q[s] * H * D..(cu_q[s] + nq) * H * D];
+                let mut o = TensorMut::bshd(o, [1, nq, H, D]).unwrap();
+                ws_a.attention(&qs, &ks, &vs, &mut o, &opts).unwrap();
+            }
+        },
+        || {
+            let mut o = TensorMut::bshd(&mut out_b, [1, tq, H, D]).unwrap();
+            ws_b.attention_varlen(&qv, &cu_q, &kv, &mut o, None, &opts)
+                .unwrap();
+        },
+    );
+    let diff = out
+        .iter()
+        .zip(&out_b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        diff < 1e-4,
+        "packed and per-sequence results differ by {diff}"
+    );
+    println!(
+        "packed batch (17, 300, 2048, 5000 prefill + 8 decode rows × 4096 keys): one call per sequence {:.1} ms ({:.1} GFLOP/s), packed {:.1} ms ({:.1} GFLOP/s), per-sequence/packed time {:.3}",
+        each * 1e3,
+        flops / each / 1e9,
+        packed * 1e3,
+        flops / packed / 1e9,
+        each / packed
+    );
+}
+
+fn main() {
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut rounds = 5;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value: usize = it
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{flag} needs a number"));
+        match flag.as_str() {
+            "--threads" => threads = value,
+            "--rounds" => rounds = value.max(1),
+            _ => panic!("unknown flag {flag}"),
+        }
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    println!(
+        "{threads} thread(s), {rounds} rounds, backend {:?}",
+        sdpa::backend()
+    );
+    pool.install(|| {
+        paged_decode(rounds);
+        packed_batch(rounds);
+    });
+}
