@@ -6,26 +6,31 @@
 //! * `sdpa::attention` (no LSE) inside a 3-thread pool: its output must be bitwise identical,
 //! * `sdpa::reference::attention_lse` and `sdpa::reference::error_bounds`,
 //!
-//! and then checks, for every query row (see [`check_rows`]):
-//! * a row with no visible key is exactly 0 with `lse = −∞`, on both paths, whatever the inputs;
-//! * where the reference is NaN, every score is representable in f32 (the docs' condition for
-//!   the fused kernel) and the scores are accurate enough (the bound's `Δ` below 64, so that
-//!   a weight the reference flushes to 0 is 0 in the fused kernel too), the fused result is
-//!   NaN; a NaN anywhere in a Q row (with a visible
-//!   key) makes the whole row and its LSE NaN on both paths;
-//! * the bound is never negative;
-//! * where every input that can touch the row is finite (the Q row, the K rows it sees, all V
-//!   rows of its key/value head, since masked weights are exact zeros and `0 · ∞` is NaN) and
-//!   the crate's derived bound `reference::error_bounds` is finite (it is infinite once
-//!   `|logits|` reach ~1e9), every output element and the LSE are within that bound of the
-//!   reference. The bound is the crate's documented accuracy contract (derived from f32 rounding
-//!   and the `exp2` polynomial's error, see its docs); this check adds no tolerance of its own;
+//! and then checks every query row through the one checker of the fused result against the
+//! reference and its bound, [`super::contract::check_against_reference`] (the contract is
+//! stated there), with what each row's inputs allow derived by [`row_facts`] from the case's
+//! options model:
+//! * a row is empty when no key passes its masks, or every visible key's finite score is
+//!   hidden by a −∞ bias; its sink is the option's;
+//! * where every score is representable in f32 (the docs' condition for the fused kernel) and
+//!   the scores are accurate enough (the bound's `Δ` below 64, so that a weight the reference
+//!   flushes to 0 is 0 in the fused kernel too), the fused result is NaN where the reference
+//!   is; a NaN anywhere in a Q row (with a visible key) makes the whole row and its LSE NaN on
+//!   both paths;
+//! * where the inputs are finite and the options valid, the fused result is NaN only where the
+//!   reference is;
+//! * where every input that can touch the row is finite (the Q row, the K rows it sees, the V
+//!   rows of the keys it sees: a −∞ bias gives weight 0 and `0 · NaN` is NaN) and the dot
+//!   products, scores and values are in the documented ranges, every output element and the
+//!   LSE are within `reference::error_bounds` of the reference (an infinite bound, once
+//!   `|logits|` reach ~1e9, still excludes NaN);
 //! * no element of an output slice outside the view is written, and every LSE entry is;
 //! * an invalid scale is `Error::InvalidScale` from every entry point, with nothing written.
 
 use super::api::assert_one_of;
 use super::api::expected_errors;
 use super::bytes::{pick, urange, Writer};
+use super::contract::{check_against_reference, Outputs, RowAt, RowFacts};
 use super::layout::{indices, Buffer, Layout, POISON, SENTINEL};
 use super::opts::{OptData, OptSpec};
 use super::values::{Fill, Scope, Values};
@@ -314,7 +319,8 @@ pub struct Stats {
     pub rows_in_bound: usize,
     /// Rows with no visible key (checked to be exactly 0 / −∞).
     pub rows_empty: usize,
-    /// Rows checked only for NaN semantics (non-finite inputs or an infinite bound).
+    /// Rows checked only for NaN semantics and whichever of output and LSE their inputs
+    /// allowed (non-finite inputs, values out of the documented ranges).
     pub rows_nan_only: usize,
     /// Largest `|fused − reference| / bound` seen (0 where the bound was 0 and they agreed).
     pub worst_ratio: f64,
@@ -571,229 +577,136 @@ pub struct Rows<'a> {
     pub bounds: &'a [ErrorBound],
 }
 
-/// `|a − b| ≤ bound`, with equal values (equal infinities included) always within.
-fn within(a: f32, b: f32, bound: f64) -> bool {
-    a == b || (f64::from(a) - f64::from(b)).abs() <= bound
+/// The per-row contract of [`super::contract::check_against_reference`], with each row's
+/// [`RowFacts`] from [`row_facts`].
+pub fn check_rows(x: &Rows<'_>, stats: &mut Stats) {
+    let outputs = |out: &Buffer, lse: &[f32]| Outputs {
+        dims: x.shape.out_dims(),
+        out: out.logical(),
+        lse: lse.to_vec(),
+    };
+    let label = format!(
+        "fused vs reference (scale {:e}, wide sink/slope/softcap {:?})",
+        x.opts.spec.effective_scale(x.shape.d_k),
+        x.opts.spec.wide
+    );
+    let tally = check_against_reference(
+        &outputs(x.fused, x.fused_lse),
+        &outputs(x.reference, x.reference_lse),
+        x.bounds,
+        |at| row_facts(x, at),
+        &label,
+    );
+    stats.rows_in_bound += tally.rows_in_bound;
+    stats.rows_empty += tally.rows_empty;
+    stats.rows_nan_only += tally.rows_nan_only;
+    stats.worst_ratio = stats.worst_ratio.max(tally.worst_ratio);
 }
 
-/// The per-row semantics (see the module docs).
-pub fn check_rows(x: &Rows<'_>, stats: &mut Stats) {
+/// What the inputs of one row (see the module docs) let the contract demand of it.
+pub fn row_facts(x: &Rows<'_>, RowAt { b, h, i, index }: RowAt) -> RowFacts {
     let s = x.shape;
     let (q, k, v) = (&x.inputs.q, &x.inputs.k, &x.inputs.v);
-    let h_all = s.heads;
     let scale = f64::from(x.opts.spec.effective_scale(s.d_k));
-    for b in 0..s.batch {
-        for h in 0..h_all {
-            let hk = h / s.group();
-            let sink = x.opts.sink(h);
-            for i in 0..s.n_q {
-                let r = (b * h_all + h) * s.n_q + i;
-                let at = |what: &str| format!("{what} at b={b} h={h} i={i} (lse index {r})");
-                let (fl, rl) = (x.fused_lse[r], x.reference_lse[r]);
-                let bound = x.bounds[r];
-                // Keys that pass the masks (causal, window, key lengths, boolean mask).
-                let visible: Vec<usize> = (0..s.n_kv)
-                    .filter(|&j| x.opts.visible(b, i, h, j))
-                    .collect();
-                let q_row: Vec<f32> = (0..s.d_k).map(|c| q.at([b, i, h, c])).collect();
-                let q_nan = q_row.iter().any(|x| x.is_nan());
-                let k_finite = visible
-                    .iter()
-                    .all(|&j| (0..s.d_k).all(|c| k.at([b, j, hk, c]).is_finite()));
-                // Bias entries of the visible keys: −∞ hides a key (exactly, on both paths, once
-                // the score it is added to is finite); NaN and +∞ are non-finite inputs.
-                let biases: Vec<f32> = visible.iter().map(|&j| x.opts.bias(b, i, h, j)).collect();
-                let bias_ok = biases
-                    .iter()
-                    .all(|&x| x.is_finite() || x == f32::NEG_INFINITY);
-                let logits_finite = q_row.iter().all(|x| x.is_finite()) && k_finite && bias_ok;
-                // A NaN or ±∞ in V row j reaches only the rows that see key j (causal, window,
-                // key lengths, boolean mask): hidden V rows are never multiplied, so this row's
-                // result must be finite and within its bound. A −∞ bias does not hide a key in
-                // this sense: its weight is 0 and `0 · NaN = NaN`, on both paths, as documented.
-                let v_finite = visible
-                    .iter()
-                    .all(|&j| (0..s.d_v).all(|c| v.at([b, j, hk, c]).is_finite()));
-                // Whether every dot product and every score (and its difference to the row
-                // max, in the log2 domain) is representable in f32, as the crate's docs require;
-                // beyond, only NaN inputs have a documented effect.
-                let cap = x.opts.softcap.map_or(f64::INFINITY, f64::from);
-                let (mut largest_dot, mut largest) = (0.0f64, 0.0f64);
-                if sink.is_finite() {
-                    largest = f64::from(sink).abs();
-                }
-                for (&j, &bias) in visible.iter().zip(&biases) {
-                    let dot: f64 = (0..s.d_k)
-                        .map(|c| (f64::from(q_row[c]) * f64::from(k.at([b, j, hk, c]))).abs())
-                        .sum();
-                    let bias = if bias.is_finite() {
-                        f64::from(bias).abs()
-                    } else {
-                        0.0
-                    };
-                    let score =
-                        (scale.abs() * dot).min(cap) + x.opts.alibi_magnitude(b, i, h, j) + bias;
-                    largest_dot = largest_dot.max(dot);
-                    largest = largest.max(score);
-                }
-                let representable = largest_dot < f64::from(f32::MAX)
-                    && 2.0 * std::f64::consts::LOG2_E * largest < f64::from(f32::MAX);
-                // ... and accurate enough that a weight the reference flushes to 0 (e^-745) is
-                // 0 in the fused kernel too (it flushes below 2^-127): the bound's Δ ≤ lse bound.
-                let nan_rule = representable
-                    && bound.lse.partial_cmp(&64.0) != Some(std::cmp::Ordering::Greater);
-                // Every visible key hidden by a −∞ bias (once its score is finite).
-                let all_hidden = representable && biases.iter().all(|&x| x == f32::NEG_INFINITY);
-                let negative = |x: f64| x.partial_cmp(&0.0) == Some(std::cmp::Ordering::Less);
-                assert!(
-                    !negative(bound.out) && !negative(bound.lse),
-                    "{}: reference::error_bounds returned a negative bound {bound:?}",
-                    at("bound")
-                );
-                if visible.is_empty() || (logits_finite && all_hidden) {
-                    // No visible key: exactly 0, and lse −∞ (or the sink logit, within bound).
-                    for c in 0..s.d_v {
-                        let (f, rv) = (x.fused.at([b, i, h, c]), x.reference.at([b, i, h, c]));
-                        assert!(
-                            f == 0.0 && rv == 0.0,
-                            "{}: fused {f}, reference {rv}, want exactly 0",
-                            at(&format!("row with no visible key, out[{c}]"))
-                        );
-                    }
-                    if sink == f32::NEG_INFINITY {
-                        assert!(
-                            fl == f32::NEG_INFINITY && rl == f32::NEG_INFINITY,
-                            "{}: fused {fl}, reference {rl}, want −∞",
-                            at("row with no visible key, lse")
-                        );
-                    } else {
-                        assert!(
-                            rl == sink && within(fl, rl, bound.lse),
-                            "{}: fused {fl}, reference {rl}, want the sink logit {sink} \
-                             (bound {:e})",
-                            at("row with no visible key, lse"),
-                            bound.lse
-                        );
-                    }
-                    stats.rows_empty += 1;
-                    continue;
-                }
-                // The fused kernel's documented value range (crate docs, "Numerics"): its
-                // unnormalized accumulator holds up to n_visible · max|v|.
-                let v_max = visible
-                    .iter()
-                    .flat_map(|&j| (0..s.d_v).map(move |c| (j, c)))
-                    .map(|(j, c)| f64::from(v.at([b, j, hk, c])).abs())
-                    .fold(0.0, f64::max);
-                let values_in_range = v_max * ((visible.len() + 1) as f64) < f64::from(f32::MAX);
-                // ... and each raw dot product must be representable (it is scaled afterwards).
-                let dots_in_range = visible.iter().all(|&j| {
-                    let dot: f64 = (0..s.d_k)
-                        .map(|c| (f64::from(q_row[c]) * f64::from(k.at([b, j, hk, c]))).abs())
-                        .sum();
-                    dot < f64::from(f32::MAX) / 2.0
-                });
-                // ... and every scaled score, in log2 units (crate docs, "Numerics").
-                let scores_in_range =
-                    std::f64::consts::LOG2_E * largest < f64::from(f32::MAX) / 2.0;
-                // Scores from Q·K and the bias alone (without the sink, ALiBi and the softcap,
-                // whose finite values at the ends of their ranges must be handled or refused).
-                let qk_largest = visible
-                    .iter()
-                    .zip(&biases)
-                    .map(|(&j, &bias)| {
-                        let dot: f64 = (0..s.d_k)
-                            .map(|c| (f64::from(q_row[c]) * f64::from(k.at([b, j, hk, c]))).abs())
-                            .sum();
-                        let bias = if bias.is_finite() {
-                            f64::from(bias).abs()
-                        } else {
-                            0.0
-                        };
-                        scale.abs() * dot + bias
-                    })
-                    .fold(0.0f64, f64::max);
-                let no_nan = logits_finite
-                    && v_finite
-                    && values_in_range
-                    && dots_in_range
-                    && std::f64::consts::LOG2_E * qk_largest < f64::from(f32::MAX) / 2.0
-                    && sink.partial_cmp(&f32::INFINITY) == Some(std::cmp::Ordering::Less)
-                    && x.opts.slopes.as_ref().is_none_or(|s| s[h].is_finite());
-                if no_nan {
-                    for c in 0..s.d_v {
-                        let (f, rv) = (x.fused.at([b, i, h, c]), x.reference.at([b, i, h, c]));
-                        assert!(
-                            rv.is_nan() || !f.is_nan(),
-                            "{}: fused NaN, reference {rv}: finite inputs and valid options \
-                             (wide sink/slope/softcap {:?}) must not give NaN",
-                            at(&format!("out[{c}]")),
-                            x.opts.spec.wide
-                        );
-                    }
-                    assert!(
-                        rl.is_nan() || !fl.is_nan(),
-                        "{}: fused NaN, reference {rl} (wide {:?})",
-                        at("lse"),
-                        x.opts.spec.wide
-                    );
-                }
-                let out_checked = logits_finite
-                    && scores_in_range
-                    && v_finite
-                    && values_in_range
-                    && dots_in_range
-                    && bound.out.is_finite();
-                let lse_checked =
-                    logits_finite && dots_in_range && scores_in_range && bound.lse.is_finite();
-                for c in 0..s.d_v {
-                    let (f, rv) = (x.fused.at([b, i, h, c]), x.reference.at([b, i, h, c]));
-                    if (rv.is_nan() && nan_rule) || q_nan {
-                        assert!(
-                            f.is_nan() && rv.is_nan(),
-                            "{}: fused {f}, reference {rv}, want NaN (NaN in the Q row: {q_nan})",
-                            at(&format!("out[{c}]"))
-                        );
-                    }
-                    if out_checked {
-                        let err = (f64::from(f) - f64::from(rv)).abs();
-                        assert!(
-                            within(f, rv, bound.out),
-                            "{}: fused {f:e}, reference {rv:e}, |diff| {err:e} > bound {:e} \
-                             (scale {scale:e})",
-                            at(&format!("out[{c}]")),
-                            bound.out
-                        );
-                        if f != rv {
-                            stats.worst_ratio = stats.worst_ratio.max(err / bound.out);
-                        }
-                    }
-                }
-                if (rl.is_nan() && nan_rule) || q_nan {
-                    assert!(
-                        fl.is_nan() && rl.is_nan(),
-                        "{}: fused {fl}, reference {rl}, want NaN (NaN in the Q row: {q_nan})",
-                        at("lse")
-                    );
-                }
-                if lse_checked {
-                    let err = (f64::from(fl) - f64::from(rl)).abs();
-                    assert!(
-                        within(fl, rl, bound.lse),
-                        "{}: fused {fl:e}, reference {rl:e}, |diff| {err:e} > bound {:e}",
-                        at("lse"),
-                        bound.lse
-                    );
-                    if fl != rl {
-                        stats.worst_ratio = stats.worst_ratio.max(err / bound.lse);
-                    }
-                }
-                if out_checked && lse_checked {
-                    stats.rows_in_bound += 1;
-                } else {
-                    stats.rows_nan_only += 1;
-                }
-            }
+    let hk = h / s.group();
+    let sink = x.opts.sink(h);
+    let bound = x.bounds[index];
+    // Keys that pass the masks (causal, window, key lengths, boolean mask).
+    let visible: Vec<usize> = (0..s.n_kv)
+        .filter(|&j| x.opts.visible(b, i, h, j))
+        .collect();
+    let q_row: Vec<f32> = (0..s.d_k).map(|c| q.at([b, i, h, c])).collect();
+    let q_nan = q_row.iter().any(|x| x.is_nan());
+    let k_finite = visible
+        .iter()
+        .all(|&j| (0..s.d_k).all(|c| k.at([b, j, hk, c]).is_finite()));
+    // Bias entries of the visible keys: −∞ hides a key (exactly, on both paths, once the score
+    // it is added to is finite); NaN and +∞ are non-finite inputs.
+    let biases: Vec<f32> = visible.iter().map(|&j| x.opts.bias(b, i, h, j)).collect();
+    let bias_ok = biases
+        .iter()
+        .all(|&x| x.is_finite() || x == f32::NEG_INFINITY);
+    let logits_finite = q_row.iter().all(|x| x.is_finite()) && k_finite && bias_ok;
+    // A NaN or ±∞ in V row j reaches only the rows that see key j (causal, window, key lengths,
+    // boolean mask): hidden V rows are never multiplied, so this row's result must be finite
+    // and within its bound. A −∞ bias does not hide a key in this sense: its weight is 0 and
+    // `0 · NaN = NaN`, on both paths, as documented.
+    let v_finite = visible
+        .iter()
+        .all(|&j| (0..s.d_v).all(|c| v.at([b, j, hk, c]).is_finite()));
+    // `Σ_p |q_p k_jp|`, the magnitude of key j's raw dot product.
+    let dot = |j: usize| -> f64 {
+        (0..s.d_k)
+            .map(|c| (f64::from(q_row[c]) * f64::from(k.at([b, j, hk, c]))).abs())
+            .sum()
+    };
+    let finite_abs = |bias: f32| {
+        if bias.is_finite() {
+            f64::from(bias).abs()
+        } else {
+            0.0
         }
+    };
+    // Whether every dot product and every score (and its difference to the row max, in the
+    // log2 domain) is representable in f32, as the crate's docs require; beyond, only NaN
+    // inputs have a documented effect.
+    let cap = x.opts.softcap.map_or(f64::INFINITY, f64::from);
+    let (mut largest_dot, mut largest) = (0.0f64, 0.0f64);
+    if sink.is_finite() {
+        largest = f64::from(sink).abs();
+    }
+    for (&j, &bias) in visible.iter().zip(&biases) {
+        let dot = dot(j);
+        let score =
+            (scale.abs() * dot).min(cap) + x.opts.alibi_magnitude(b, i, h, j) + finite_abs(bias);
+        largest_dot = largest_dot.max(dot);
+        largest = largest.max(score);
+    }
+    let representable = largest_dot < f64::from(f32::MAX)
+        && 2.0 * std::f64::consts::LOG2_E * largest < f64::from(f32::MAX);
+    // ... and accurate enough that a weight the reference flushes to 0 (e^-745) is 0 in the
+    // fused kernel too (it flushes below 2^-127): the bound's Δ ≤ lse bound.
+    let nan_rule =
+        representable && bound.lse.partial_cmp(&64.0) != Some(std::cmp::Ordering::Greater);
+    // Every visible key hidden by a −∞ bias (once its score is finite).
+    let all_hidden = representable && biases.iter().all(|&x| x == f32::NEG_INFINITY);
+    // The fused kernel's documented value range (crate docs, "Numerics"): its unnormalized
+    // accumulator holds up to n_visible · max|v|.
+    let v_max = visible
+        .iter()
+        .flat_map(|&j| (0..s.d_v).map(move |c| (j, c)))
+        .map(|(j, c)| f64::from(v.at([b, j, hk, c])).abs())
+        .fold(0.0, f64::max);
+    let values_in_range = v_max * ((visible.len() + 1) as f64) < f64::from(f32::MAX);
+    // ... and each raw dot product must be representable (it is scaled afterwards).
+    let dots_in_range = visible.iter().all(|&j| dot(j) < f64::from(f32::MAX) / 2.0);
+    // ... and every scaled score, in log2 units (crate docs, "Numerics").
+    let scores_in_range = std::f64::consts::LOG2_E * largest < f64::from(f32::MAX) / 2.0;
+    // Scores from Q·K and the bias alone (without the sink, ALiBi and the softcap, whose finite
+    // values at the ends of their ranges must be handled or refused).
+    let qk_largest = visible
+        .iter()
+        .zip(&biases)
+        .map(|(&j, &bias)| scale.abs() * dot(j) + finite_abs(bias))
+        .fold(0.0f64, f64::max);
+    let no_nan = logits_finite
+        && v_finite
+        && values_in_range
+        && dots_in_range
+        && std::f64::consts::LOG2_E * qk_largest < f64::from(f32::MAX) / 2.0
+        && sink.partial_cmp(&f32::INFINITY) == Some(std::cmp::Ordering::Less)
+        && x.opts.slopes.as_ref().is_none_or(|s| s[h].is_finite());
+    RowFacts {
+        empty: Some(visible.is_empty() || (logits_finite && all_hidden)),
+        sink: Some(sink),
+        q_nan,
+        nan_where_reference_nan: nan_rule,
+        nan_only_where_reference_nan: no_nan,
+        out_in_bound: logits_finite
+            && scores_in_range
+            && v_finite
+            && values_in_range
+            && dots_in_range,
+        lse_in_bound: logits_finite && dots_in_range && scores_in_range,
     }
 }

@@ -14,8 +14,10 @@
 //! * [`layout`]: the one layout type and the one buffer type (with sentinel padding);
 //! * [`values`]: the one deterministic generator ([`values::SplitMix`]) and value fills;
 //! * [`opts`]: the one generator of options ([`opts::OptSpec`]) and the model of what they mean;
-//! * [`differential`]: the one shape ([`differential::Shape`]), problems, and the
-//!   fused-vs-reference check; [`harness`]: running views and the strict check for hand-made
+//! * [`contract`]: the one check of a fused result against the reference and its bound, row
+//!   by row, which every other checker goes through;
+//! * [`differential`]: the one shape ([`differential::Shape`]), problems, and the fuzz
+//!   oracle's fused-vs-reference check; [`harness`]: running views and checking hand-made
 //!   problems; [`api`]: the no-panic / typed-error check; [`merge`]: `merge_partials`;
 //! * [`seeds`]: the named seed inputs written to `fuzz/corpus/<target>/`;
 //! * [`counting_alloc`]: the counting global allocator (`benches/support/counting_alloc.rs`).
@@ -27,6 +29,7 @@
 
 pub mod api;
 pub mod bytes;
+pub mod contract;
 #[path = "../../benches/support/counting_alloc.rs"]
 pub mod counting_alloc;
 pub mod differential;
