@@ -1,13 +1,17 @@
 //! Running hand-made problems: random inputs in any [`Layout`], runners for the fused kernel
 //! and the f64 reference into outputs with sentinels, and [`assert_close_to_reference`], the
-//! strict differential check of the integration tests (every output element and LSE within
-//! `reference::error_bounds`, rows with no visible key exactly 0 / −∞, `attention` bitwise
-//! equal to `attention_lse`, padding untouched). The shape, layout and buffer are the ones of
-//! [`super::differential`] and [`super::layout`].
+//! differential check of the integration tests: `attention` bitwise equal to `attention_lse`,
+//! padding untouched, and every row through the one checker,
+//! [`super::contract::check_against_reference`], with inputs that are finite
+//! ([`RowFacts::FINITE`]: every output element and LSE within `reference::error_bounds`, no
+//! NaN, rows whose reference LSE is −∞ exactly 0 / −∞ on both paths). The shape, layout and
+//! buffer are the ones of [`super::differential`] and [`super::layout`].
 //!
 //! Compiled into the test targets only (`cfg(test)`): it draws with `rand`, which the fuzz
 //! crate does not depend on.
 
+pub use super::contract::Outputs;
+use super::contract::{check_against_reference, RowFacts};
 pub use super::differential::Shape;
 pub use super::layout::{Buffer, Layout};
 use super::values::SplitMix;
@@ -103,29 +107,6 @@ impl Inputs {
     }
 }
 
-/// Output and LSE of one call, output in logical BSHD order, LSE as `[b][h][i]`.
-#[derive(Clone, Debug)]
-pub struct Outputs {
-    pub dims: [usize; 4],
-    pub out: Vec<f32>,
-    pub lse: Vec<f32>,
-}
-
-impl Outputs {
-    /// Output row `(b, i, h)`: `d_v` values.
-    pub fn row(&self, b: usize, i: usize, h: usize) -> &[f32] {
-        let [_, n_q, heads, d_v] = self.dims;
-        let start = ((b * n_q + i) * heads + h) * d_v;
-        &self.out[start..start + d_v]
-    }
-
-    /// The LSE of row `(b, i, h)`.
-    pub fn lse_at(&self, b: usize, i: usize, h: usize) -> f32 {
-        let [_, n_q, heads, _] = self.dims;
-        self.lse[(b * heads + h) * n_q + i]
-    }
-}
-
 /// Which implementation to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
@@ -173,27 +154,7 @@ pub fn try_run(
     out_layout: Layout,
     opts: &Options,
 ) -> Result<Outputs, sdpa::Error> {
-    let [b, n_q, h, _] = q.dims();
-    let out_dims = [b, n_q, h, v.dims()[3]];
-    let mut out = Buffer::output(out_dims, out_layout);
-    let mut lse = vec![f32::from_bits(OUTPUT_INIT_BITS); b * h * n_q];
-    match path {
-        Path::Fused => sdpa::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
-        Path::Reference => reference::attention_lse(q, k, v, &mut out.view_mut(), &mut lse, opts),
-    }?;
-    out.assert_padding_untouched(&format!("{path:?} output"));
-    let out = out.logical();
-    assert!(
-        out.iter()
-            .chain(&lse)
-            .all(|x| x.to_bits() != OUTPUT_INIT_BITS),
-        "{path:?}: an output element or LSE was not written"
-    );
-    Ok(Outputs {
-        dims: out_dims,
-        out,
-        lse,
-    })
+    try_run_typed::<f32, f32, f32>(path, q, k, v, out_layout, opts)
 }
 
 /// [`try_run`] on views of a valid call.
@@ -262,12 +223,12 @@ pub struct Comparison {
     pub empty_rows: usize,
 }
 
-/// Runs the fused kernel and the reference on the same inputs and checks every output element
-/// against the row's `reference::error_bounds` `out` bound and every LSE against its `lse`
-/// bound. Rows where the reference LSE is −∞ (no visible key) must have fused LSE exactly −∞
-/// and output exactly 0, in both paths. Also checks that `attention` (without LSE) writes
-/// bitwise the same output as `attention_lse`, and that no padding element of the output
-/// buffer is written.
+/// Runs the fused kernel and the reference on the same inputs and checks every row with
+/// [`assert_within_bounds`]: every output element within the row's `reference::error_bounds`
+/// `out` bound and every LSE within its `lse` bound; rows where the reference LSE is −∞ (no
+/// visible key) must have fused LSE exactly −∞ and output exactly 0, in both paths. Also checks
+/// that `attention` (without LSE) writes bitwise the same output as `attention_lse`, and that
+/// no padding element of the output buffer is written.
 pub fn assert_close_to_reference(
     inp: &Inputs,
     out_layout: Layout,
@@ -284,35 +245,11 @@ pub fn assert_views_close_to_reference(
     opts: &Options,
     label: &str,
 ) -> Comparison {
-    let fused = run_views(Path::Fused, x, out_layout, opts);
-    let reference = run_views(Path::Reference, x, out_layout, opts);
-    let bounds = bounds_views(x, opts);
-
-    // `attention` and `attention_lse` must agree bit for bit on the output.
-    let mut plain = Buffer::output(fused.dims, out_layout);
-    sdpa::attention(&x.q, &x.k, &x.v, &mut plain.view_mut(), opts)
-        .unwrap_or_else(|e| panic!("{label}: attention rejected a valid call: {e}"));
-    plain.assert_padding_untouched(label);
-    let plain = plain.logical();
-    assert!(
-        plain
-            .iter()
-            .zip(&fused.out)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{label}: attention and attention_lse outputs differ"
-    );
-
-    let (worst_ratio, empty_rows) = assert_within_bounds(&fused, &reference, &bounds, label);
-    Comparison {
-        fused,
-        reference,
-        bounds,
-        worst_ratio,
-        empty_rows,
-    }
+    compare::<f32, f32, f32>(&x.q, &x.k, &x.v, out_layout, opts, label)
 }
 
-/// The comparison of [`assert_close_to_reference`] on given results: returns the worst
+/// The comparison of [`assert_close_to_reference`] on given results: every row through
+/// [`check_against_reference`] with finite inputs ([`RowFacts::FINITE`]). Returns the worst
 /// error-to-bound ratio and the number of rows with no visible key.
 pub fn assert_within_bounds(
     fused: &Outputs,
@@ -320,64 +257,8 @@ pub fn assert_within_bounds(
     bounds: &[ErrorBound],
     label: &str,
 ) -> (f64, usize) {
-    let [batch, n_q, heads, d_v] = fused.dims;
-    assert_eq!(fused.dims, reference.dims, "{label}: output dims");
-    assert_eq!(bounds.len(), batch * heads * n_q, "{label}: bounds length");
-    let mut worst_ratio = 0.0f64;
-    let mut empty_rows = 0;
-    for b in 0..batch {
-        for h in 0..heads {
-            for i in 0..n_q {
-                let row = (b * heads + h) * n_q + i;
-                let bound = bounds[row];
-                let (lf, lr) = (fused.lse[row], reference.lse[row]);
-                let (of, or) = (fused.row(b, i, h), reference.row(b, i, h));
-                let at = format!("{label}: row b={b} h={h} i={i}");
-                if lr == f32::NEG_INFINITY {
-                    empty_rows += 1;
-                    assert_eq!(
-                        lf,
-                        f32::NEG_INFINITY,
-                        "{at}: fused lse of a row with no key"
-                    );
-                    assert!(
-                        of.iter().chain(or).all(|&x| x == 0.0),
-                        "{at}: a row with no visible key must be exactly 0: fused {of:?}, \
-                         reference {or:?}"
-                    );
-                    continue;
-                }
-                assert!(lr.is_finite(), "{at}: reference lse {lr}");
-                let err = (f64::from(lf) - f64::from(lr)).abs();
-                assert!(
-                    err <= bound.lse,
-                    "{at}: lse fused {lf} vs reference {lr}: error {err:e} > bound {:e}",
-                    bound.lse
-                );
-                worst_ratio = worst_ratio.max(ratio(err, bound.lse));
-                for c in 0..d_v {
-                    let err = (f64::from(of[c]) - f64::from(or[c])).abs();
-                    assert!(
-                        err <= bound.out,
-                        "{at} c={c}: out fused {} vs reference {}: error {err:e} > bound {:e}",
-                        of[c],
-                        or[c],
-                        bound.out
-                    );
-                    worst_ratio = worst_ratio.max(ratio(err, bound.out));
-                }
-            }
-        }
-    }
-    (worst_ratio, empty_rows)
-}
-
-fn ratio(err: f64, bound: f64) -> f64 {
-    if err == 0.0 {
-        0.0
-    } else {
-        err / bound
-    }
+    let tally = check_against_reference(fused, reference, bounds, |_| RowFacts::FINITE, label);
+    (tally.worst_ratio, tally.rows_empty)
 }
 
 /// The visible keys `[lo, hi)` of query row `i` under `opts` (test-side restatement of the
@@ -526,13 +407,27 @@ fn typed_check<Q: Element, KV: Element, O: Element>(c: &TypedCall<'_>) -> Compar
         c.k.map(KV::from_f32),
         c.v.map(KV::from_f32),
     );
-    let (q, k, v) = (q.view(), k.view(), v.view());
+    compare::<Q, KV, O>(&q.view(), &k.view(), &v.view(), c.out_layout, c.opts, label)
+}
+
+/// Runs the fused kernel (with and without LSE) and the reference on `q`, `k`, `v` into an
+/// output of type `O`, and checks them: no padding written, `attention` bitwise equal to
+/// `attention_lse`, and every row within `error_bounds(..).for_output::<O>()` through
+/// [`assert_within_bounds`].
+fn compare<Q: Element, KV: Element, O: Element>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, KV>,
+    v: &Tensor<'_, KV>,
+    out_layout: Layout,
+    opts: &Options,
+    label: &str,
+) -> Comparison {
     let run = |path| {
-        try_run_typed::<Q, KV, O>(path, &q, &k, &v, c.out_layout, c.opts)
+        try_run_typed::<Q, KV, O>(path, q, k, v, out_layout, opts)
             .unwrap_or_else(|e| panic!("{label}: {path:?} rejected a valid call: {e}"))
     };
     let (fused, reference) = (run(Path::Fused), run(Path::Reference));
-    let bounds: Vec<ErrorBound> = reference::error_bounds(&q, &k, &v, c.opts)
+    let bounds: Vec<ErrorBound> = reference::error_bounds(q, k, v, opts)
         .expect("bounds of a valid call")
         .into_iter()
         .map(ErrorBound::for_output::<O>)
@@ -540,8 +435,8 @@ fn typed_check<Q: Element, KV: Element, O: Element>(c: &TypedCall<'_>) -> Compar
 
     // `attention` and `attention_lse` must agree bit for bit on the output.
     let pad = O::from_f32(f32::from_bits(OUTPUT_PAD_BITS));
-    let mut plain = Buffer::from_fn(fused.dims, c.out_layout, pad, |_| pad);
-    sdpa::attention(&q, &k, &v, &mut plain.view_mut(), c.opts)
+    let mut plain = Buffer::from_fn(fused.dims, out_layout, pad, |_| pad);
+    sdpa::attention(q, k, v, &mut plain.view_mut(), opts)
         .unwrap_or_else(|e| panic!("{label}: attention rejected a valid call: {e}"));
     assert_typed_padding_untouched(&plain, pad, label);
     assert!(
