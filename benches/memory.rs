@@ -14,7 +14,9 @@
 //!
 //! Every row is one call with B = 1, H = H_kv = 1, d = 64, n_q = n_kv = n, no mask (the mask
 //! changes the work, not the buffers), in a rayon pool of one thread and in one of all the
-//! machine's threads. One head keeps n = 65536 affordable (about 1.1·10¹² flops) and the
+//! machine's threads, and once more with K/V read from a paged cache (pages of 16 tokens, in
+//! reverse order, one thread), whose extra memory must be the dense call's: the kernel reads
+//! pages in place, it copies nothing per call. One head keeps n = 65536 affordable (about 1.1·10¹² flops) and the
 //! reference comparable; the reference runs up to `SDPA_MEMORY_REFERENCE_MAX_N` (default 8192:
 //! 512 MiB of scores and about 20 s; each doubling costs 4× the memory and the time).
 //!
@@ -84,26 +86,64 @@ const SLACK: usize = 16 << 10;
 const HEADS: usize = 1;
 const D: usize = 64;
 
-/// Contiguous BSHD operands `[1, n, HEADS, D]`, deterministic values in [-1, 1).
+/// Tokens per page of the paged column.
+const PAGE: usize = 16;
+
+/// Contiguous BSHD operands `[1, n, HEADS, D]`, deterministic values in [-1, 1), and K/V
+/// again as a paged cache: pages of [`PAGE`] tokens in reverse order.
 struct Operands {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     out: Vec<f32>,
     dims: [usize; 4],
+    k_pages: Vec<f32>,
+    v_pages: Vec<f32>,
+    table: Vec<u32>,
 }
 
 impl Operands {
     fn new(n: usize) -> Self {
         let len = n * HEADS * D;
         let values = |seed: u64| support::values::SplitMix::unit_values(len, seed);
+        let (k, v) = (values(2), values(3));
+        let pages = n.div_ceil(PAGE);
+        let page_len = PAGE * HEADS * D;
+        let table: Vec<u32> = (0..pages as u32).rev().collect();
+        let mut k_pages = vec![0.0; pages * page_len];
+        let mut v_pages = vec![0.0; pages * page_len];
+        for (p, &at) in table.iter().enumerate() {
+            let (src, dst) = (p * page_len, at as usize * page_len);
+            let n = page_len.min(len - src);
+            k_pages[dst..dst + n].copy_from_slice(&k[src..src + n]);
+            v_pages[dst..dst + n].copy_from_slice(&v[src..src + n]);
+        }
         Operands {
             q: values(1),
-            k: values(2),
-            v: values(3),
+            k,
+            v,
             out: vec![0.0; len],
             dims: [1, n, HEADS, D],
+            k_pages,
+            v_pages,
+            table,
         }
+    }
+
+    /// Peak extra heap of one call on the paged cache, in `pool`.
+    fn peak_paged(&mut self, pool: &ThreadPool) -> usize {
+        let q = Tensor::bshd(&self.q, self.dims).expect("q view");
+        let pages = self.table.len();
+        let page = |x| Tensor::bshd(x, [pages, PAGE, HEADS, D]).expect("page pool");
+        let kv = sdpa::PagedKv::new(page(&self.k_pages), page(&self.v_pages), &self.table, pages)
+            .expect("paged cache");
+        let mut out = TensorMut::bshd(&mut self.out, self.dims).expect("out view");
+        let lens = [self.dims[1]];
+        let opts = Options::new().kv_lens(&lens);
+        peak_during(|| {
+            pool.install(|| sdpa::attention_paged(&q, &kv, &mut out, None, &opts))
+                .expect("paged call");
+        })
     }
 
     /// Bytes of Q, K, V and out together.
@@ -137,6 +177,7 @@ struct Row {
     reference: Option<usize>,
     fused_1t: usize,
     fused_all: usize,
+    paged_1t: usize,
 }
 
 fn human(bytes: f64) -> String {
@@ -190,6 +231,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     for pool in [&one, &all] {
         warm.peak(pool, false);
     }
+    warm.peak_paged(&one);
     drop(warm);
 
     let started = Instant::now();
@@ -200,6 +242,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let reference = (n <= reference_max_n).then(|| ops.peak(&one, true));
         let fused_1t = ops.peak(&one, false);
         let fused_all = ops.peak(&all, false);
+        let paged_1t = ops.peak_paged(&one);
         eprintln!(
             "memory: n = {n:>5} done after {:.1} s",
             started.elapsed().as_secs_f64()
@@ -210,6 +253,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             reference,
             fused_1t,
             fused_all,
+            paged_1t,
         });
         n *= 2;
     }
@@ -248,6 +292,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             problems.push(format!(
                 "fused peak (1 thread) {} B at n = {} is above one scratch, {scratch} B",
                 r.fused_1t, r.n
+            ));
+        }
+        if r.paged_1t > scratch + SLACK || r.paged_1t > first.paged_1t + SLACK {
+            problems.push(format!(
+                "paged peak (1 thread) {} B at n = {} is above one scratch ({scratch} B) or \
+                 grows with n (from {} B)",
+                r.paged_1t, r.n, first.paged_1t
             ));
         }
         if r.fused_all > threads * scratch + SLACK {
@@ -295,20 +346,21 @@ fn table(rows: &[Row], threads: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "| n | Q+K+V+out | reference | reference model n²·8 | fused, 1 thread | fused, {threads} threads | fused model, 1 / {threads} workers | fused 1t − model |"
+        "| n | Q+K+V+out | reference | reference model n²·8 | fused, 1 thread | fused, {threads} threads | paged K/V ({PAGE}-token pages), 1 thread | fused model, 1 / {threads} workers | fused 1t − model |"
     );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let reference = r.reference.map_or("–".to_string(), |b| human(b as f64));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {:+} B |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {:+} B |",
             r.n,
             human(r.operands as f64),
             reference,
             human((r.n * r.n * 8) as f64),
             human(r.fused_1t as f64),
             human(r.fused_all as f64),
+            human(r.paged_1t as f64),
             human(scratch as f64),
             human((threads * scratch) as f64),
             r.fused_1t as i64 - scratch as i64
@@ -319,18 +371,19 @@ fn table(rows: &[Row], threads: usize) -> String {
 
 fn csv(rows: &[Row], threads: usize) -> String {
     let mut s = String::from(
-        "n,heads,d,threads_all,operand_bytes,reference_bytes,reference_model_bytes,fused_1t_bytes,fused_all_bytes,fused_model_bytes_per_worker\n",
+        "n,heads,d,threads_all,operand_bytes,reference_bytes,reference_model_bytes,fused_1t_bytes,fused_all_bytes,paged_1t_bytes,fused_model_bytes_per_worker\n",
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{},{HEADS},{D},{threads},{},{},{},{},{},{}",
+            "{},{HEADS},{D},{threads},{},{},{},{},{},{},{}",
             r.n,
             r.operands,
             r.reference.map_or(String::new(), |b| b.to_string()),
             r.n * r.n * 8,
             r.fused_1t,
             r.fused_all,
+            r.paged_1t,
             fused_scratch_bytes(HEADS, HEADS, r.n, D, D)
         );
     }
