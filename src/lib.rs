@@ -31,6 +31,13 @@
 //! V share one type. Arithmetic is f32; half-precision inputs are converted where blocks are
 //! loaded, and the output is rounded once, at the end, to its type.
 //!
+//! ## Paged caches and packed batches
+//! [`attention_paged`] reads K/V from a paged cache ([`PagedKv`]: page pools and a block table,
+//! as vLLM and FlashAttention-2 keep them); [`attention_varlen`] takes a packed batch of
+//! variable-length sequences (`cu_seqlens`, as FlashAttention-2's varlen API) with K/V packed
+//! or paged ([`VarlenKv`]). Both read rows where they lie; each sequence behaves as a dense
+//! call of its own.
+//!
 //! ## Semantics
 //! Shapes: Q `[B, n_q, H, d_k]`, K `[B, n_kv, H_kv, d_k]`, V `[B, n_kv, H_kv, d_v]`, out
 //! `[B, n_q, H, d_v]`, any element strides. `H` must be a multiple of `H_kv`; query head `h`
