@@ -18,8 +18,8 @@
 //! ```
 //!
 //! Sequence `b` then behaves exactly as a dense call with its own `n_q` rows and key buffer:
-//! its keys are the first `kv_lens[b]` of its buffer (with [`Options::kv_lens`]; otherwise all
-//! of it), bottom-right alignment puts its `n_q` rows at the end of its own keys
+//! its keys are the first `kv_lens[b]` of its buffer ([`Options::kv_lens`], required for paged
+//! K/V; packed K/V default to their whole segment), bottom-right alignment puts its `n_q` rows at the end of its own keys
 //! (`off_b = len_b − n_q,b`), and bias/mask are indexed `[b, i, h, j]` within the sequence
 //! (broadcasting against `[B, max n_q, H, max keys]`).
 //!
@@ -36,8 +36,11 @@ use crate::tensor::Tensor;
 /// its key `j` is slot `j % page_size` of page `block_table[b · pages_per_seq + j / page_size]`.
 ///
 /// Pages may appear in any order and in several rows (shared prefixes: the kernel only reads).
-/// Only the entries a sequence's length reaches are read and checked (each must be below
-/// `num_pages`, a typed error otherwise); the rest of a row may hold anything.
+/// The calls require [`Options::kv_lens`](crate::Options::kv_lens): only the entries a
+/// sequence's length reaches are read and checked (each must be below `num_pages`, a typed
+/// error otherwise), so the rest of a row may hold anything (padding, stale pages). A
+/// `PagedKv` borrows the pools, so an engine builds it per step, after writing the step's new
+/// K/V rows into their pages (it is a few words).
 #[derive(Debug, Clone, Copy)]
 pub struct PagedKv<'a, T> {
     pub(crate) k: Tensor<'a, T>,

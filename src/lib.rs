@@ -149,14 +149,15 @@ pub fn attention_lse<Q: Element, KV: Element, O: Element>(
 /// FlashAttention-2's `flash_attn_with_kvcache(…, block_table=…)` keep it. Q, `out` and `lse`
 /// are as in [`attention_lse`] (`[B, n_q, H, d]`, LSE `[B, H, n_q]`, `None` to skip it); the
 /// key buffer of sequence `b` is its `pages_per_seq · page_size` slots, of which
-/// [`Options::kv_lens`] gives the live length (bottom-right alignment per sequence, as in a
-/// dense call). Results are bitwise identical to [`attention_lse`] on the same keys stored
-/// densely.
+/// [`Options::kv_lens`] (required: a padded table row says nothing about the length) gives the
+/// live keys (bottom-right alignment per sequence, as in a dense call). Results are bitwise
+/// identical to [`attention_lse`] on the same keys stored densely.
 ///
 /// # Errors
 /// As [`attention_lse`] (K/V dims checked against Q's on `H_kv` and `d_k`), plus
 /// [`Error::LengthMismatch`] (operand [`Operand::BlockTable`]) when the table does not have
-/// `B · pages_per_seq` entries and [`Error::InvalidValue`] (same operand) for an entry that a
+/// `B · pages_per_seq` entries, the same error with operand [`Operand::KvLens`] and `got: 0`
+/// without key lengths, and [`Error::InvalidValue`] (same operand) for an entry that a
 /// sequence's length reaches and that is not a page of the pool; `kv_lens[b]` may not exceed
 /// `pages_per_seq · page_size`.
 pub fn attention_paged<Q: Element, KV: Element, O: Element>(

@@ -286,7 +286,8 @@ impl<'a> Problem<'a> {
 
     /// Validates a call whose K/V pages are `kv` (Q, out and LSE dense, as in
     /// [`Problem::new`]): the logical key buffer of sequence `b` is its `pages_per_seq` pages,
-    /// and every table entry a sequence's key length reaches must name a page of the pool.
+    /// the key lengths are required, and every table entry a sequence's key length reaches must
+    /// name a page of the pool.
     pub fn new_paged<Q, KV>(
         q: &Tensor<'_, Q>,
         kv: &PagedKv<'a, KV>,
@@ -389,7 +390,16 @@ impl<'a> Problem<'a> {
     }
 
     /// Every table entry that a sequence's key length reaches names a page of the pool.
+    /// Paged calls need `kv_lens`: a table row is padded past its sequence's pages, so its
+    /// capacity is no length.
     fn check_pages<KV>(&self, kv: &PagedKv<'_, KV>) -> Result<(), Error> {
+        if self.kv_lens.is_none() {
+            return Err(Error::LengthMismatch {
+                operand: Operand::KvLens,
+                expected: self.batch,
+                got: 0,
+            });
+        }
         let pages = kv.k.dims()[0];
         let page_size = kv.k.dims()[1];
         for b in 0..self.batch {

@@ -551,6 +551,19 @@ fn invalid_tables_and_offsets_are_errors() {
         ),
         "{e:?}"
     );
+    // Paged calls need key lengths (a padded table row is no length).
+    let e = run(&[0, 1, 2, 1, 2, 0], 3, &Options::new(), &mut out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                operand: Operand::KvLens,
+                expected: 2,
+                got: 0
+            }
+        ),
+        "{e:?}"
+    );
     let empty: Vec<f32> = Vec::new();
     let zero = Tensor::bshd(&empty, [3, 0, h, d]).unwrap();
     let e = PagedKv::new(zero, zero, &[], 0).unwrap_err();
