@@ -42,7 +42,10 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
     ld_out: usize,
 ) {
     let lanes = S::LANES;
-    let k: [&[f32]; KEYS] = core::array::from_fn(|t| &k[t][..d]);
+    let mut k = k;
+    for row in k.iter_mut() {
+        *row = &row[..d]; // one length check per row, none in the loop below
+    }
     let mut acc = [[s.splat(0.0); VECS]; KEYS];
     // (Plain loops rather than `array::from_fn` in these kernels: closures passed to `from_fn`
     // are not always inlined, and an intrinsic outside the `#[target_feature]` entry point
