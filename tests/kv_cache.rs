@@ -5,7 +5,8 @@
 //!   sizes 1, 3, 16 and 128, shuffled pages, a prefix page shared by two sequences, both pool
 //!   layouts, f32 and f16 caches, and any thread count.
 //! * Varlen: each sequence of `attention_varlen` (K/V packed or paged) is within the derived
-//!   error bound of the f64 reference run on that sequence alone, for every option, with
+//!   error bound of the f64 reference run on that sequence alone, and bitwise the same on one
+//!   thread as on the global pool, for every option, with
 //!   sequences of length 0, rows that see no key, decode rows next to prefill chunks; a batch
 //!   of one sequence equals the dense call bitwise.
 //! * Errors: invalid tables and offsets are typed errors and nothing is written.
@@ -326,6 +327,27 @@ fn varlen_matches_reference(batch: &Batch, h: usize, h_kv: usize, d: usize) {
             let (mut out, mut lse) = (vec![9.0f32; total_q * h * d], vec![9.0f32; h * total_q]);
             let mut ov = TensorMut::bshd(&mut out, [1, total_q, h, d]).unwrap();
             sdpa::attention_varlen(&qv, &cu_q, &kv, &mut ov, Some(&mut lse), &opts).unwrap();
+            // Any thread count: the same bits.
+            let one = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let (mut out1, mut lse1) = (vec![9.0f32; out.len()], vec![9.0f32; lse.len()]);
+            let mut ov = TensorMut::bshd(&mut out1, [1, total_q, h, d]).unwrap();
+            one.install(|| {
+                sdpa::attention_varlen(&qv, &cu_q, &kv, &mut ov, Some(&mut lse1), &opts)
+            })
+            .unwrap();
+            assert_eq!(
+                bits(&out1),
+                bits(&out),
+                "{kind} {name}: 1 thread vs the global pool"
+            );
+            assert_eq!(
+                bits(&lse1),
+                bits(&lse),
+                "{kind} {name}: 1 thread vs the global pool"
+            );
             for s in 0..nb {
                 let (n_q, n_kv) = (batch.q_lens[s], batch.kv_lens[s]);
                 let views = data.sequence_views(s, n_q, n_kv);
