@@ -15,7 +15,7 @@ use arbitrary::Unstructured;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use support::values::SplitMix;
-use support::{api, differential, merge, seeds};
+use support::{api, differential, kv_cache, merge, seeds};
 
 /// Random cases per target: (differential, api, merge), smaller in debug builds, where the f64
 /// reference is ~20× slower.
@@ -72,6 +72,11 @@ fn seed_inputs() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         seeds::merge()
             .into_iter()
             .map(|(n, c)| ("merge", n, c.encode())),
+    );
+    all.extend(
+        kv_cache::seeds()
+            .into_iter()
+            .map(|(n, c)| ("kv_cache", n, c.encode())),
     );
     all
 }
@@ -205,6 +210,39 @@ fn random_merge_cases() {
     assert!(pieces >= 2 * cases, "{pieces} pieces in {cases} cases");
 }
 
+#[test]
+fn random_kv_cache_cases() {
+    // Paged and packed K/V: valid and broken tables and offsets. Few in debug builds (each
+    // valid case runs the f64 reference per sequence).
+    let n = std::env::var("SDPA_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) { 200 } else { 3_000 });
+    let mut rng = SplitMix(0x5d9a_0004);
+    let mut stats = kv_cache::KvStats::default();
+    let mut failures = Failures::default();
+    for i in 0..n {
+        let data = random_input(&mut rng, 200);
+        let Ok(case) = kv_cache::KvCacheCase::decode(&mut Unstructured::new(&data)) else {
+            continue;
+        };
+        failures.run("kv_cache", &format!("random case {i}"), &data, || {
+            stats.add(&kv_cache::check(&case));
+        });
+    }
+    eprintln!("kv_cache: {stats:?}");
+    failures.assert_none("random kv_cache cases");
+    // The checks must not be vacuous.
+    assert!(stats.cases >= n * 9 / 10, "{stats:?}");
+    assert!(stats.paged_ok >= n / 50, "{stats:?}");
+    assert!(stats.packed_ok >= n / 20, "{stats:?}");
+    assert!(stats.varlen_paged_ok >= n / 50, "{stats:?}");
+    assert!(stats.rejected >= n / 5, "{stats:?}");
+    assert!(stats.ctor_rejected >= n / 100, "{stats:?}");
+    assert!(stats.rows_in_bound >= n, "{stats:?}");
+    assert!(stats.rows_empty >= n / 20, "{stats:?}");
+}
+
 /// Every file of `dir/<target>/`, for every target.
 fn replay_dir(dir: &Path, failures: &mut Failures) -> usize {
     let mut count = 0;
@@ -286,6 +324,11 @@ fn seed_corpus() {
         let back = merge::MergeCase::decode(&mut Unstructured::new(&bytes));
         check("merge", name, bytes, back.as_ref() == Ok(&case));
     }
+    for (name, case) in kv_cache::seeds() {
+        let bytes = case.encode();
+        let back = kv_cache::KvCacheCase::decode(&mut Unstructured::new(&bytes));
+        check("kv_cache", name, bytes, back.as_ref() == Ok(&case));
+    }
     // Only named seeds in the corpora: every file is a seed of `support::seeds` (inputs a
     // fuzzing campaign minted belong to that campaign; keep a finding in tests/regressions/).
     let names: Vec<String> = [
@@ -298,6 +341,7 @@ fn seed_corpus() {
         ),
         ("api", seeds::api().iter().map(|s| s.0).collect()),
         ("merge", seeds::merge().iter().map(|s| s.0).collect()),
+        ("kv_cache", kv_cache::seeds().iter().map(|s| s.0).collect()),
     ]
     .iter()
     .flat_map(|(t, ns)| ns.iter().map(move |n| format!("{t}/seed-{n}")))

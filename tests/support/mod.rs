@@ -19,6 +19,8 @@
 //! * [`differential`]: the one shape ([`differential::Shape`]), problems, and the fuzz
 //!   oracle's fused-vs-reference check; [`harness`]: running views and checking hand-made
 //!   problems; [`api`]: the no-panic / typed-error check; [`merge`]: `merge_partials`;
+//! * [`kv_cache`]: paged and packed K/V (`attention_paged`, `attention_varlen`): tables and
+//!   offsets valid and broken, against the documented errors, the dense call and the reference;
 //! * [`seeds`]: the named seed inputs written to `fuzz/corpus/<target>/`;
 //! * [`counting_alloc`]: the counting global allocator (`benches/support/counting_alloc.rs`).
 //!
@@ -35,6 +37,7 @@ pub mod counting_alloc;
 pub mod differential;
 #[cfg(test)]
 pub mod harness;
+pub mod kv_cache;
 pub mod layout;
 pub mod merge;
 pub mod opts;
@@ -78,7 +81,7 @@ impl Slopes for Result<Vec<f32>, sdpa::Error> {
 }
 
 /// The fuzz targets, by corpus directory name.
-pub const TARGETS: [&str; 3] = ["differential", "api", "merge"];
+pub const TARGETS: [&str; 4] = ["differential", "api", "merge", "kv_cache"];
 
 /// Decodes `data` as an input of `target` and checks it (panicking on a violation).
 /// Returns `false` if `target` is not one of [`TARGETS`].
@@ -100,6 +103,12 @@ pub fn run(target: &str, data: &[u8]) -> bool {
         "merge" => {
             if let Ok(case) = merge::MergeCase::decode(&mut u) {
                 merge::check(&case);
+            }
+            true
+        }
+        "kv_cache" => {
+            if let Ok(case) = kv_cache::KvCacheCase::decode(&mut u) {
+                kv_cache::check(&case);
             }
             true
         }
