@@ -41,6 +41,15 @@
 // decode step needs: the last query row sees every key).
 #define SDPA_ALIGN_BOTTOM_RIGHT 2
 
+// `kv_layout` of `sdpa_varlen_args`: K and V packed like the queries, `[1, total_kv, H_kv, d]`,
+// sequence `b`'s keys in rows `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]`. 0, so a zeroed struct
+// is packed.
+#define SDPA_KV_PACKED 0
+
+// `kv_layout` of `sdpa_varlen_args`: K and V in page pools `[num_pages, page_size, H_kv, d]`
+// with a block table, as in `sdpa_paged_args`.
+#define SDPA_KV_PAGED 1
+
 // The result of every call. `SDPA_STATUS_OK` is 0; the others name what was wrong, and
 // `sdpa_last_error_message()` says it in words.
 typedef enum sdpa_status {
@@ -212,6 +221,119 @@ typedef struct sdpa_options {
   size_t sinks_len;
 } sdpa_options;
 
+// The operands of `sdpa_attention_paged`: attention over a paged K/V cache (vLLM's
+// `block_tables`, FlashAttention-2's `block_table`).
+//
+// Shapes: Q `[B, n_q, H, d_k]`, out `[B, n_q, H, d_v]` and the LSE (`B·H·n_q` floats,
+// `lse[(b·H + h)·n_q + i]`) as in `sdpa_attention_args`. K and V are page pools with logical
+// dims `[num_pages, page_size, H_kv, d_k]` and `[num_pages, page_size, H_kv, d_v]` and any
+// element strides (vLLM v1's `[num_pages, page_size, H_kv, d]` is contiguous; a
+// `[num_pages, H_kv, page_size, d]` pool is a permuted view). Row `b` of the block table
+// (`pages_per_seq` entries, row-major `[B][pages_per_seq]`) lists the pages of sequence `b`
+// in key order: its key `j` is slot `j % page_size` of page
+// `block_table[b·pages_per_seq + j / page_size]`. Pages may repeat across rows (shared
+// prefixes; the call only reads them).
+//
+// Key lengths are required: `kv_lens` of `sdpa_options` (`B` entries, each at most
+// `pages_per_seq·page_size`); without them the call fails with
+// `SDPA_STATUS_LENGTH_MISMATCH` (a padded table row says nothing about the length). Only the
+// table entries a sequence's length reaches are read, and each must be below `num_pages`
+// (`SDPA_STATUS_INVALID_VALUE` otherwise), so the rest of a row may hold anything. Element
+// types as in `sdpa_attention_args`, any combination; a zeroed struct is all f32.
+typedef struct sdpa_paged_args {
+  // `sizeof(sdpa_paged_args)` as the caller compiled it.
+  size_t size;
+  // Element type of Q (`SDPA_DTYPE_*`).
+  uint32_t q_dtype;
+  // Element type of both page pools (`SDPA_DTYPE_*`).
+  uint32_t kv_dtype;
+  // Element type of out (`SDPA_DTYPE_*`).
+  uint32_t out_dtype;
+  // Queries, `[B, n_q, H, d_k]`.
+  struct sdpa_tensor q;
+  // The key page pool, `[num_pages, page_size, H_kv, d_k]`.
+  struct sdpa_tensor k;
+  // The value page pool, `[num_pages, page_size, H_kv, d_v]` (pages, page size and heads
+  // as `k`).
+  struct sdpa_tensor v;
+  // Page indices, `[B][pages_per_seq]` row-major (a non-negative `int32_t` table, as vLLM
+  // keeps it, has the same bits). NULL only when `block_table_len` is 0.
+  const uint32_t *block_table;
+  // Entries at `block_table`: must be `B·pages_per_seq`.
+  size_t block_table_len;
+  // Entries per row of the table (pages a sequence can hold).
+  size_t pages_per_seq;
+  // Output, `[B, n_q, H, d_v]`.
+  struct sdpa_tensor_mut out;
+  // Optional log-sum-exp output (`float`), `lse[(b·H + h)·n_q + i]`; NULL for none.
+  float *lse;
+  // Number of floats at `lse`: must be `B·H·n_q` when `lse` is not NULL.
+  size_t lse_len;
+} sdpa_paged_args;
+
+// The operands of `sdpa_attention_varlen`: a packed batch of variable-length sequences
+// (FlashAttention-2's `flash_attn_varlen_func`; chunked prefill and decode rows in one call).
+//
+// Q is `[1, total_q, H, d_k]` with sequence `b` in rows `cu_seqlens_q[b] .. cu_seqlens_q[b+1]`
+// (`B + 1` non-decreasing offsets, the last at most `total_q`); out is `[1, total_q, H, d_v]`
+// alike (rows outside every sequence are not written); the LSE is `[H, total_q]`:
+// `lse[h·total_q + t]` for packed row `t`. K and V are packed (`kv_layout = SDPA_KV_PACKED`:
+// `[1, total_kv, H_kv, d]` with `cu_seqlens_k`, `B + 1` offsets; `kv_lens` may shorten a
+// sequence's keys) or paged (`SDPA_KV_PAGED`: page pools and block table as in
+// `sdpa_paged_args`, `kv_lens` required). Each sequence is a dense call of its own:
+// bottom-right alignment puts its rows at the end of its own keys, bias and mask are indexed
+// `[b, i, h, j]` within it and broadcast against `[B, max n_q, H, max keys]`.
+//
+// Offsets are `int32_t`, as FlashAttention and vLLM keep them (`torch.int32`), so an engine
+// passes its buffers as they are; the call converts them to the Rust API's `size_t` offsets
+// (a negative entry is `SDPA_STATUS_INVALID_VALUE`). The fields of the layout not in use
+// must be zero/NULL (`SDPA_STATUS_INVALID_ARGUMENT` otherwise). Element types as in
+// `sdpa_attention_args`, any combination; a zeroed struct is all f32, packed.
+typedef struct sdpa_varlen_args {
+  // `sizeof(sdpa_varlen_args)` as the caller compiled it.
+  size_t size;
+  // Element type of Q (`SDPA_DTYPE_*`).
+  uint32_t q_dtype;
+  // Element type of K and V (`SDPA_DTYPE_*`).
+  uint32_t kv_dtype;
+  // Element type of out (`SDPA_DTYPE_*`).
+  uint32_t out_dtype;
+  // `SDPA_KV_PACKED` (K/V packed with `cu_seqlens_k`) or `SDPA_KV_PAGED` (page pools with
+  // `block_table`).
+  uint32_t kv_layout;
+  // Packed queries, `[1, total_q, H, d_k]`.
+  struct sdpa_tensor q;
+  // Query offsets (`int32_t`, `B + 1` non-decreasing, non-negative). NULL only when
+  // `cu_seqlens_q_len` is 0.
+  const int32_t *cu_seqlens_q;
+  // Entries at `cu_seqlens_q` (`B + 1`).
+  size_t cu_seqlens_q_len;
+  // Keys: packed `[1, total_kv, H_kv, d_k]`, or the key page pool
+  // `[num_pages, page_size, H_kv, d_k]`.
+  struct sdpa_tensor k;
+  // Values: packed `[1, total_kv, H_kv, d_v]`, or the value page pool
+  // `[num_pages, page_size, H_kv, d_v]`.
+  struct sdpa_tensor v;
+  // Packed layout: key offsets (`int32_t`, `B + 1` non-decreasing, non-negative, the last at
+  // most `total_kv`). Paged layout: NULL.
+  const int32_t *cu_seqlens_k;
+  // Entries at `cu_seqlens_k` (packed: `B + 1`; paged: 0).
+  size_t cu_seqlens_k_len;
+  // Paged layout: page indices `[B][pages_per_seq]` as in `sdpa_paged_args`. Packed
+  // layout: NULL.
+  const uint32_t *block_table;
+  // Entries at `block_table` (paged: `B·pages_per_seq`; packed: 0).
+  size_t block_table_len;
+  // Paged layout: entries per row of the table. Packed layout: 0.
+  size_t pages_per_seq;
+  // Output, `[1, total_q, H, d_v]`.
+  struct sdpa_tensor_mut out;
+  // Optional log-sum-exp output (`float`), `lse[h·total_q + t]`; NULL for none.
+  float *lse;
+  // Number of floats at `lse`: must be `H·total_q` when `lse` is not NULL.
+  size_t lse_len;
+} sdpa_varlen_args;
+
 // One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
 // LSE, as written by `sdpa_attention` with an LSE pointer.
 typedef struct sdpa_partial {
@@ -268,6 +390,41 @@ enum sdpa_status sdpa_attention(const struct sdpa_attention_args *args,
 // As `sdpa_attention`.
 enum sdpa_status sdpa_reference_attention(const struct sdpa_attention_args *args,
                                           const struct sdpa_options *opts);
+
+// Attention over a paged K/V cache (`sdpa::attention_paged`): Q, out and the LSE as in
+// `sdpa_attention`, K and V read from page pools through a block table (see
+// `sdpa_paged_args`). `opts->kv_lens` is required (one length per sequence). Every element
+// type combination runs natively, as in `sdpa_attention`. Results are bitwise identical to
+// `sdpa_attention` on the same keys stored densely.
+//
+// Errors as `sdpa_attention`, plus: `SDPA_STATUS_LENGTH_MISMATCH` when the table does not
+// have `B·pages_per_seq` entries or `kv_lens` is missing; `SDPA_STATUS_INVALID_VALUE` for a
+// table entry a sequence's length reaches that is not below `num_pages`, a page size of 0,
+// or a table length that is not a multiple of `pages_per_seq`; `SDPA_STATUS_SHAPE_MISMATCH`
+// when the pools differ in pages, page size or heads. Messages name the operand
+// (`block table`, `kv_lens`).
+//
+// # Safety
+// As `sdpa_attention`; `block_table` (unless NULL with length 0) is valid for
+// `block_table_len` entries.
+enum sdpa_status sdpa_attention_paged(const struct sdpa_paged_args *args,
+                                      const struct sdpa_options *opts);
+
+// Attention over a packed batch of variable-length sequences (`sdpa::attention_varlen`),
+// K/V packed or paged (see `sdpa_varlen_args`). Every element type combination runs
+// natively, as in `sdpa_attention`.
+//
+// Errors as `sdpa_attention`, plus: `SDPA_STATUS_LENGTH_MISMATCH` / `SDPA_STATUS_INVALID_VALUE`
+// for offsets that are empty, negative, decreasing or past the packed rows (messages name
+// `cu_seqlens_q` / `cu_seqlens_k`), the block-table errors of `sdpa_attention_paged`,
+// `SDPA_STATUS_SHAPE_MISMATCH` when the batch dim of Q, K or out is not 1, and
+// `SDPA_STATUS_INVALID_ARGUMENT` for an unknown `kv_layout` or a field of the other layout
+// set.
+//
+// # Safety
+// As `sdpa_attention`; each array (unless NULL with length 0) is valid for its length.
+enum sdpa_status sdpa_attention_varlen(const struct sdpa_varlen_args *args,
+                                       const struct sdpa_options *opts);
 
 // Merges partial results over disjoint key sets (split-KV decode, sequence parallelism) into
 // the result over their union, using each partial's LSE.

@@ -1,7 +1,8 @@
 //! # sdpa-capi: the C ABI of sdpa
 //!
-//! `sdpa_attention`, `sdpa_reference_attention`, `sdpa_merge_partials` and helpers for C and
-//! C++ callers, built as a `cdylib` and a `staticlib`; the header `include/sdpa.h` is generated
+//! `sdpa_attention`, `sdpa_reference_attention`, `sdpa_attention_paged` (paged K/V caches),
+//! `sdpa_attention_varlen` (packed variable-length batches), `sdpa_merge_partials` and helpers
+//! for C and C++ callers, built as a `cdylib` and a `staticlib`; the header `include/sdpa.h` is generated
 //! from this file by cbindgen (a test fails when the committed header is stale).
 //!
 //! ## Contract
@@ -32,7 +33,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sdpa::half::{bf16, f16};
-use sdpa::{Alignment, Element, Operand, Options, Partial, Tensor, TensorMut};
+use sdpa::{
+    Alignment, Element, Operand, Options, PackedKv, PagedKv, Partial, Tensor, TensorMut, VarlenKv,
+};
 
 /// Version of this ABI. It changes only when an existing struct or function changes
 /// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
@@ -273,6 +276,131 @@ pub struct SdpaMergeArgs {
     /// The merged LSE (`B·H·n_q` floats), or NULL if not wanted.
     pub lse: *mut f32,
     /// Entries at `lse`.
+    pub lse_len: usize,
+}
+
+/// `kv_layout` of `sdpa_varlen_args`: K and V packed like the queries, `[1, total_kv, H_kv, d]`,
+/// sequence `b`'s keys in rows `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]`. 0, so a zeroed struct
+/// is packed.
+pub const SDPA_KV_PACKED: u32 = 0;
+/// `kv_layout` of `sdpa_varlen_args`: K and V in page pools `[num_pages, page_size, H_kv, d]`
+/// with a block table, as in `sdpa_paged_args`.
+pub const SDPA_KV_PAGED: u32 = 1;
+
+/// The operands of `sdpa_attention_paged`: attention over a paged K/V cache (vLLM's
+/// `block_tables`, FlashAttention-2's `block_table`).
+///
+/// Shapes: Q `[B, n_q, H, d_k]`, out `[B, n_q, H, d_v]` and the LSE (`B·H·n_q` floats,
+/// `lse[(b·H + h)·n_q + i]`) as in `sdpa_attention_args`. K and V are page pools with logical
+/// dims `[num_pages, page_size, H_kv, d_k]` and `[num_pages, page_size, H_kv, d_v]` and any
+/// element strides (vLLM v1's `[num_pages, page_size, H_kv, d]` is contiguous; a
+/// `[num_pages, H_kv, page_size, d]` pool is a permuted view). Row `b` of the block table
+/// (`pages_per_seq` entries, row-major `[B][pages_per_seq]`) lists the pages of sequence `b`
+/// in key order: its key `j` is slot `j % page_size` of page
+/// `block_table[b·pages_per_seq + j / page_size]`. Pages may repeat across rows (shared
+/// prefixes; the call only reads them).
+///
+/// Key lengths are required: `kv_lens` of `sdpa_options` (`B` entries, each at most
+/// `pages_per_seq·page_size`); without them the call fails with
+/// `SDPA_STATUS_LENGTH_MISMATCH` (a padded table row says nothing about the length). Only the
+/// table entries a sequence's length reaches are read, and each must be below `num_pages`
+/// (`SDPA_STATUS_INVALID_VALUE` otherwise), so the rest of a row may hold anything. Element
+/// types as in `sdpa_attention_args`, any combination; a zeroed struct is all f32.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaPagedArgs {
+    /// `sizeof(sdpa_paged_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of Q (`SDPA_DTYPE_*`).
+    pub q_dtype: u32,
+    /// Element type of both page pools (`SDPA_DTYPE_*`).
+    pub kv_dtype: u32,
+    /// Element type of out (`SDPA_DTYPE_*`).
+    pub out_dtype: u32,
+    /// Queries, `[B, n_q, H, d_k]`.
+    pub q: SdpaTensor,
+    /// The key page pool, `[num_pages, page_size, H_kv, d_k]`.
+    pub k: SdpaTensor,
+    /// The value page pool, `[num_pages, page_size, H_kv, d_v]` (pages, page size and heads
+    /// as `k`).
+    pub v: SdpaTensor,
+    /// Page indices, `[B][pages_per_seq]` row-major (a non-negative `int32_t` table, as vLLM
+    /// keeps it, has the same bits). NULL only when `block_table_len` is 0.
+    pub block_table: *const u32,
+    /// Entries at `block_table`: must be `B·pages_per_seq`.
+    pub block_table_len: usize,
+    /// Entries per row of the table (pages a sequence can hold).
+    pub pages_per_seq: usize,
+    /// Output, `[B, n_q, H, d_v]`.
+    pub out: SdpaTensorMut,
+    /// Optional log-sum-exp output (`float`), `lse[(b·H + h)·n_q + i]`; NULL for none.
+    pub lse: *mut f32,
+    /// Number of floats at `lse`: must be `B·H·n_q` when `lse` is not NULL.
+    pub lse_len: usize,
+}
+
+/// The operands of `sdpa_attention_varlen`: a packed batch of variable-length sequences
+/// (FlashAttention-2's `flash_attn_varlen_func`; chunked prefill and decode rows in one call).
+///
+/// Q is `[1, total_q, H, d_k]` with sequence `b` in rows `cu_seqlens_q[b] .. cu_seqlens_q[b+1]`
+/// (`B + 1` non-decreasing offsets, the last at most `total_q`); out is `[1, total_q, H, d_v]`
+/// alike (rows outside every sequence are not written); the LSE is `[H, total_q]`:
+/// `lse[h·total_q + t]` for packed row `t`. K and V are packed (`kv_layout = SDPA_KV_PACKED`:
+/// `[1, total_kv, H_kv, d]` with `cu_seqlens_k`, `B + 1` offsets; `kv_lens` may shorten a
+/// sequence's keys) or paged (`SDPA_KV_PAGED`: page pools and block table as in
+/// `sdpa_paged_args`, `kv_lens` required). Each sequence is a dense call of its own:
+/// bottom-right alignment puts its rows at the end of its own keys, bias and mask are indexed
+/// `[b, i, h, j]` within it and broadcast against `[B, max n_q, H, max keys]`.
+///
+/// Offsets are `int32_t`, as FlashAttention and vLLM keep them (`torch.int32`), so an engine
+/// passes its buffers as they are; the call converts them to the Rust API's `size_t` offsets
+/// (a negative entry is `SDPA_STATUS_INVALID_VALUE`). The fields of the layout not in use
+/// must be zero/NULL (`SDPA_STATUS_INVALID_ARGUMENT` otherwise). Element types as in
+/// `sdpa_attention_args`, any combination; a zeroed struct is all f32, packed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaVarlenArgs {
+    /// `sizeof(sdpa_varlen_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of Q (`SDPA_DTYPE_*`).
+    pub q_dtype: u32,
+    /// Element type of K and V (`SDPA_DTYPE_*`).
+    pub kv_dtype: u32,
+    /// Element type of out (`SDPA_DTYPE_*`).
+    pub out_dtype: u32,
+    /// `SDPA_KV_PACKED` (K/V packed with `cu_seqlens_k`) or `SDPA_KV_PAGED` (page pools with
+    /// `block_table`).
+    pub kv_layout: u32,
+    /// Packed queries, `[1, total_q, H, d_k]`.
+    pub q: SdpaTensor,
+    /// Query offsets (`int32_t`, `B + 1` non-decreasing, non-negative). NULL only when
+    /// `cu_seqlens_q_len` is 0.
+    pub cu_seqlens_q: *const i32,
+    /// Entries at `cu_seqlens_q` (`B + 1`).
+    pub cu_seqlens_q_len: usize,
+    /// Keys: packed `[1, total_kv, H_kv, d_k]`, or the key page pool
+    /// `[num_pages, page_size, H_kv, d_k]`.
+    pub k: SdpaTensor,
+    /// Values: packed `[1, total_kv, H_kv, d_v]`, or the value page pool
+    /// `[num_pages, page_size, H_kv, d_v]`.
+    pub v: SdpaTensor,
+    /// Packed layout: key offsets (`int32_t`, `B + 1` non-decreasing, non-negative, the last at
+    /// most `total_kv`). Paged layout: NULL.
+    pub cu_seqlens_k: *const i32,
+    /// Entries at `cu_seqlens_k` (packed: `B + 1`; paged: 0).
+    pub cu_seqlens_k_len: usize,
+    /// Paged layout: page indices `[B][pages_per_seq]` as in `sdpa_paged_args`. Packed
+    /// layout: NULL.
+    pub block_table: *const u32,
+    /// Entries at `block_table` (paged: `B·pages_per_seq`; packed: 0).
+    pub block_table_len: usize,
+    /// Paged layout: entries per row of the table. Packed layout: 0.
+    pub pages_per_seq: usize,
+    /// Output, `[1, total_q, H, d_v]`.
+    pub out: SdpaTensorMut,
+    /// Optional log-sum-exp output (`float`), `lse[h·total_q + t]`; NULL for none.
+    pub lse: *mut f32,
+    /// Number of floats at `lse`: must be `H·total_q` when `lse` is not NULL.
     pub lse_len: usize,
 }
 
@@ -766,10 +894,12 @@ struct Inputs<'a> {
     sinks: Option<&'a [f32]>,
 }
 
+/// Q, K, V (K and V as dense tensors, page pools or packed rows: read alike) and the options.
+///
 /// # Safety
-/// The pointers in `args` and `opts` must be valid as the header documents.
+/// The pointers in the tensors and `opts` must be valid as the header documents.
 unsafe fn read_inputs<'a>(
-    args: &SdpaAttentionArgs,
+    [q, k, v]: [&SdpaTensor; 3],
     types: &Types,
     opts: *const SdpaOptions,
 ) -> Result<Inputs<'a>, Failure> {
@@ -782,9 +912,9 @@ unsafe fn read_inputs<'a>(
     };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
-    let q = unsafe { any_input(&args.q, Operand::Query, types.q, &mut spans) }?;
-    let k = unsafe { any_input(&args.k, Operand::Key, types.kv, &mut spans) }?;
-    let v = unsafe { any_input(&args.v, Operand::Value, types.kv, &mut spans) }?;
+    let q = unsafe { any_input(q, Operand::Query, types.q, &mut spans) }?;
+    let k = unsafe { any_input(k, Operand::Key, types.kv, &mut spans) }?;
+    let v = unsafe { any_input(v, Operand::Value, types.kv, &mut spans) }?;
     let kv = match (k, v) {
         (AnyTensor::F32(k), AnyTensor::F32(v)) => AnyKv::F32(k, v),
         (AnyTensor::F16(k), AnyTensor::F16(v)) => AnyKv::F16(k, v),
@@ -890,16 +1020,40 @@ impl Types {
     }
 }
 
-/// Which implementation an entry point runs.
+/// Which Rust function an entry point runs, with the arrays (validated and converted) that
+/// say where the rows of K and V lie; K and V themselves are typed by the dispatch below.
 #[derive(Clone, Copy)]
-enum Engine {
+enum Call<'a> {
+    /// `sdpa::attention` / `attention_lse` on dense K and V.
     Fused,
+    /// `sdpa::reference::attention` / `attention_lse`.
     Reference,
+    /// `sdpa::attention_paged`: K and V are page pools.
+    Paged(Pages<'a>),
+    /// `sdpa::attention_varlen`: packed Q, K/V packed (`cu_seqlens_k`) or paged.
+    Varlen {
+        cu_seqlens_q: &'a [usize],
+        kv: VarlenLayout<'a>,
+    },
+}
+
+/// A block table and its row length.
+#[derive(Clone, Copy)]
+struct Pages<'a> {
+    table: &'a [u32],
+    pages_per_seq: usize,
+}
+
+/// Where the keys of a varlen call lie.
+#[derive(Clone, Copy)]
+enum VarlenLayout<'a> {
+    Packed { cu_seqlens_k: &'a [usize] },
+    Paged(Pages<'a>),
 }
 
 /// One typed call: the generic Rust function for these element types.
 fn run<Q: Element, KV: Element, O: Element>(
-    engine: Engine,
+    call: Call<'_>,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -907,17 +1061,34 @@ fn run<Q: Element, KV: Element, O: Element>(
     lse: Option<&mut [f32]>,
     opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
-    match (engine, lse) {
-        (Engine::Fused, Some(lse)) => sdpa::attention_lse(q, k, v, out, lse, opts),
-        (Engine::Fused, None) => sdpa::attention(q, k, v, out, opts),
-        (Engine::Reference, Some(lse)) => sdpa::reference::attention_lse(q, k, v, out, lse, opts),
-        (Engine::Reference, None) => sdpa::reference::attention(q, k, v, out, opts),
+    fn paged<'a, T: Element>(
+        k: &Tensor<'a, T>,
+        v: &Tensor<'a, T>,
+        p: Pages<'a>,
+    ) -> Result<PagedKv<'a, T>, sdpa::Error> {
+        PagedKv::new(*k, *v, p.table, p.pages_per_seq)
+    }
+    match (call, lse) {
+        (Call::Fused, Some(lse)) => sdpa::attention_lse(q, k, v, out, lse, opts),
+        (Call::Fused, None) => sdpa::attention(q, k, v, out, opts),
+        (Call::Reference, Some(lse)) => sdpa::reference::attention_lse(q, k, v, out, lse, opts),
+        (Call::Reference, None) => sdpa::reference::attention(q, k, v, out, opts),
+        (Call::Paged(p), lse) => sdpa::attention_paged(q, &paged(k, v, p)?, out, lse, opts),
+        (Call::Varlen { cu_seqlens_q, kv }, lse) => {
+            let kv = match kv {
+                VarlenLayout::Packed { cu_seqlens_k } => {
+                    VarlenKv::Packed(PackedKv::new(*k, *v, cu_seqlens_k))
+                }
+                VarlenLayout::Paged(p) => VarlenKv::Paged(paged(k, v, p)?),
+            };
+            sdpa::attention_varlen(q, cu_seqlens_q, &kv, out, lse, opts)
+        }
     }
 }
 
 /// Dispatches on the output's type (Q and K/V already typed).
 fn run_out<Q: Element, KV: Element>(
-    engine: Engine,
+    call: Call<'_>,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -926,15 +1097,15 @@ fn run_out<Q: Element, KV: Element>(
     opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match out {
-        AnyTensorMut::F32(out) => run(engine, q, k, v, out, lse, opts),
-        AnyTensorMut::F16(out) => run(engine, q, k, v, out, lse, opts),
-        AnyTensorMut::Bf16(out) => run(engine, q, k, v, out, lse, opts),
+        AnyTensorMut::F32(out) => run(call, q, k, v, out, lse, opts),
+        AnyTensorMut::F16(out) => run(call, q, k, v, out, lse, opts),
+        AnyTensorMut::Bf16(out) => run(call, q, k, v, out, lse, opts),
     }
 }
 
 /// Dispatches on the K/V type (Q already typed).
 fn run_kv<Q: Element>(
-    engine: Engine,
+    call: Call<'_>,
     q: &Tensor<'_, Q>,
     kv: &AnyKv<'_>,
     out: &mut AnyTensorMut<'_>,
@@ -942,15 +1113,15 @@ fn run_kv<Q: Element>(
     opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match kv {
-        AnyKv::F32(k, v) => run_out(engine, q, k, v, out, lse, opts),
-        AnyKv::F16(k, v) => run_out(engine, q, k, v, out, lse, opts),
-        AnyKv::Bf16(k, v) => run_out(engine, q, k, v, out, lse, opts),
+        AnyKv::F32(k, v) => run_out(call, q, k, v, out, lse, opts),
+        AnyKv::F16(k, v) => run_out(call, q, k, v, out, lse, opts),
+        AnyKv::Bf16(k, v) => run_out(call, q, k, v, out, lse, opts),
     }
 }
 
 /// Dispatches on all three types: 27 monomorphizations of [`run`].
 fn run_any(
-    engine: Engine,
+    call: Call<'_>,
     q: &AnyTensor<'_>,
     kv: &AnyKv<'_>,
     out: &mut AnyTensorMut<'_>,
@@ -958,9 +1129,9 @@ fn run_any(
     opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match q {
-        AnyTensor::F32(q) => run_kv(engine, q, kv, out, lse, opts),
-        AnyTensor::F16(q) => run_kv(engine, q, kv, out, lse, opts),
-        AnyTensor::Bf16(q) => run_kv(engine, q, kv, out, lse, opts),
+        AnyTensor::F32(q) => run_kv(call, q, kv, out, lse, opts),
+        AnyTensor::F16(q) => run_kv(call, q, kv, out, lse, opts),
+        AnyTensor::Bf16(q) => run_kv(call, q, kv, out, lse, opts),
     }
 }
 
@@ -969,7 +1140,7 @@ fn run_any(
 unsafe fn attention_entry(
     args: *const SdpaAttentionArgs,
     opts: *const SdpaOptions,
-    engine: Engine,
+    call: Call<'_>,
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
     let (args, caller_size) =
@@ -986,15 +1157,229 @@ unsafe fn attention_entry(
         ));
     }
     let types = Types::of(&args, caller_size)?;
-    let inputs = unsafe { read_inputs(&args, &types, opts) }?;
+    let outputs = (&args.out, args.lse, args.lse_len);
+    unsafe {
+        attend(
+            [&args.q, &args.k, &args.v],
+            &types,
+            opts,
+            outputs,
+            Vec::new(),
+            call,
+        )
+    }
+}
+
+/// What every attention entry point does once its struct is read: validates Q, K, V and the
+/// options, then the outputs against every span the call reads (`layout`: the spans of the
+/// arrays that place the rows, already read into `call`), and runs the typed call on the pool.
+///
+/// # Safety
+/// The pointers in the tensors, `opts` and the outputs must be valid as the header documents.
+unsafe fn attend(
+    tensors: [&SdpaTensor; 3],
+    types: &Types,
+    opts: *const SdpaOptions,
+    (out, lse, lse_len): (&SdpaTensorMut, *mut f32, usize),
+    layout: Vec<Span>,
+    call: Call<'_>,
+) -> Result<(), Failure> {
+    // SAFETY (all blocks): the caller's contract, forwarded.
+    let inputs = unsafe { read_inputs(tensors, types, opts) }?;
     let rust_opts = options(&inputs)?;
-    let (mut out, out_span) = unsafe { any_output(&args.out, types.out, &inputs.spans) }?;
-    let mut reads = inputs.spans.clone();
+    let mut reads = layout;
+    reads.extend_from_slice(&inputs.spans);
+    let (mut out, out_span) = unsafe { any_output(out, types.out, &reads) }?;
     reads.push(out_span);
-    let lse = unsafe { output_array(args.lse, args.lse_len, &reads, "lse") }?;
+    let lse = unsafe { output_array(lse, lse_len, &reads, "lse") }?;
     let (q, kv) = (&inputs.q, &inputs.kv);
-    in_pool(move || run_any(engine, q, kv, &mut out, lse, &rust_opts))??;
+    in_pool(move || run_any(call, q, kv, &mut out, lse, &rust_opts))??;
     Ok(())
+}
+
+/// A required input array: NULL is accepted only for an empty one (the call then reports a
+/// wrong length as the Rust API does).
+///
+/// # Safety
+/// As [`input_array`].
+unsafe fn required_array<'a, T>(
+    ptr: *const T,
+    len: usize,
+    what: &str,
+    spans: &mut Vec<Span>,
+) -> Result<&'a [T], Failure> {
+    if ptr.is_null() && len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: forwarded.
+    unsafe { input_array(ptr, len, what, spans) }?.ok_or_else(|| {
+        Failure::new(
+            SdpaStatus::NullPointer,
+            format!("{what}: pointer is NULL (with {len} entries)"),
+        )
+    })
+}
+
+/// `int32_t` sequence offsets converted to the Rust API's `usize` ones; a negative entry is
+/// `InvalidValue` for `operand`, as the Rust API reports offsets it rejects.
+///
+/// # Safety
+/// As [`input_array`].
+unsafe fn offsets(
+    ptr: *const i32,
+    len: usize,
+    operand: Operand,
+    spans: &mut Vec<Span>,
+) -> Result<Vec<usize>, Failure> {
+    // SAFETY: forwarded.
+    let raw = unsafe { required_array(ptr, len, &operand_name(operand), spans) }?;
+    let mut converted = Vec::new();
+    converted.try_reserve_exact(raw.len()).map_err(|_| {
+        Failure::from(sdpa::Error::OutOfMemory {
+            bytes: raw.len().saturating_mul(std::mem::size_of::<usize>()),
+        })
+    })?;
+    for (index, &x) in raw.iter().enumerate() {
+        let x = usize::try_from(x).map_err(|_| sdpa::Error::InvalidValue {
+            operand,
+            index,
+            reason: "offset is negative",
+        })?;
+        converted.push(x);
+    }
+    Ok(converted)
+}
+
+/// The element types of a paged or varlen call (structs without a first version).
+fn types(q: u32, kv: u32, out: u32) -> Result<Types, Failure> {
+    Ok(Types {
+        q: dtype(q, "q_dtype")?,
+        kv: dtype(kv, "kv_dtype")?,
+        out: dtype(out, "out_dtype")?,
+    })
+}
+
+/// # Safety
+/// As `sdpa_attention_paged`.
+unsafe fn paged_entry(args: *const SdpaPagedArgs, opts: *const SdpaOptions) -> Result<(), Failure> {
+    // SAFETY (all blocks): the caller's contract, forwarded.
+    let full = std::mem::size_of::<SdpaPagedArgs>();
+    let args = unsafe { read_versioned(args, full, "paged args") }?.0;
+    let types = types(args.q_dtype, args.kv_dtype, args.out_dtype)?;
+    let mut layout = Vec::new();
+    let table = unsafe {
+        required_array(
+            args.block_table,
+            args.block_table_len,
+            "block table",
+            &mut layout,
+        )
+    }?;
+    let call = Call::Paged(Pages {
+        table,
+        pages_per_seq: args.pages_per_seq,
+    });
+    let outputs = (&args.out, args.lse, args.lse_len);
+    unsafe {
+        attend(
+            [&args.q, &args.k, &args.v],
+            &types,
+            opts,
+            outputs,
+            layout,
+            call,
+        )
+    }
+}
+
+/// # Safety
+/// As `sdpa_attention_varlen`.
+unsafe fn varlen_entry(
+    args: *const SdpaVarlenArgs,
+    opts: *const SdpaOptions,
+) -> Result<(), Failure> {
+    // SAFETY (all blocks): the caller's contract, forwarded.
+    let full = std::mem::size_of::<SdpaVarlenArgs>();
+    let args = unsafe { read_versioned(args, full, "varlen args") }?.0;
+    let types = types(args.q_dtype, args.kv_dtype, args.out_dtype)?;
+    let unused = |what: &str, set: bool| {
+        if set {
+            Err(Failure::new(
+                SdpaStatus::InvalidArgument,
+                format!("{what} must be NULL/0 with kv_layout {}", args.kv_layout),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let mut layout = Vec::new();
+    let cu_q = unsafe {
+        offsets(
+            args.cu_seqlens_q,
+            args.cu_seqlens_q_len,
+            Operand::CuSeqlensQ,
+            &mut layout,
+        )
+    }?;
+    let cu_k;
+    let kv = match args.kv_layout {
+        SDPA_KV_PACKED => {
+            unused(
+                "block_table, block_table_len and pages_per_seq",
+                !args.block_table.is_null() || args.block_table_len != 0 || args.pages_per_seq != 0,
+            )?;
+            cu_k = unsafe {
+                offsets(
+                    args.cu_seqlens_k,
+                    args.cu_seqlens_k_len,
+                    Operand::CuSeqlensK,
+                    &mut layout,
+                )
+            }?;
+            VarlenLayout::Packed {
+                cu_seqlens_k: &cu_k,
+            }
+        }
+        SDPA_KV_PAGED => {
+            unused(
+                "cu_seqlens_k and cu_seqlens_k_len",
+                !args.cu_seqlens_k.is_null() || args.cu_seqlens_k_len != 0,
+            )?;
+            let table = unsafe {
+                required_array(
+                    args.block_table,
+                    args.block_table_len,
+                    "block table",
+                    &mut layout,
+                )
+            }?;
+            VarlenLayout::Paged(Pages {
+                table,
+                pages_per_seq: args.pages_per_seq,
+            })
+        }
+        other => {
+            return Err(Failure::new(
+                SdpaStatus::InvalidArgument,
+                format!("kv_layout: {other} is not an SDPA_KV_* value"),
+            ))
+        }
+    };
+    let call = Call::Varlen {
+        cu_seqlens_q: &cu_q,
+        kv,
+    };
+    let outputs = (&args.out, args.lse, args.lse_len);
+    unsafe {
+        attend(
+            [&args.q, &args.k, &args.v],
+            &types,
+            opts,
+            outputs,
+            layout,
+            call,
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1016,7 +1401,7 @@ pub unsafe extern "C" fn sdpa_attention(
     opts: *const SdpaOptions,
 ) -> SdpaStatus {
     // SAFETY: the caller's contract.
-    guard(|| unsafe { attention_entry(args, opts, Engine::Fused) })
+    guard(|| unsafe { attention_entry(args, opts, Call::Fused) })
 }
 
 /// The f64 reference of `sdpa_attention`, same arguments, element types and semantics: the
@@ -1032,7 +1417,54 @@ pub unsafe extern "C" fn sdpa_reference_attention(
     opts: *const SdpaOptions,
 ) -> SdpaStatus {
     // SAFETY: the caller's contract.
-    guard(|| unsafe { attention_entry(args, opts, Engine::Reference) })
+    guard(|| unsafe { attention_entry(args, opts, Call::Reference) })
+}
+
+/// Attention over a paged K/V cache (`sdpa::attention_paged`): Q, out and the LSE as in
+/// `sdpa_attention`, K and V read from page pools through a block table (see
+/// `sdpa_paged_args`). `opts->kv_lens` is required (one length per sequence). Every element
+/// type combination runs natively, as in `sdpa_attention`. Results are bitwise identical to
+/// `sdpa_attention` on the same keys stored densely.
+///
+/// Errors as `sdpa_attention`, plus: `SDPA_STATUS_LENGTH_MISMATCH` when the table does not
+/// have `B·pages_per_seq` entries or `kv_lens` is missing; `SDPA_STATUS_INVALID_VALUE` for a
+/// table entry a sequence's length reaches that is not below `num_pages`, a page size of 0,
+/// or a table length that is not a multiple of `pages_per_seq`; `SDPA_STATUS_SHAPE_MISMATCH`
+/// when the pools differ in pages, page size or heads. Messages name the operand
+/// (`block table`, `kv_lens`).
+///
+/// # Safety
+/// As `sdpa_attention`; `block_table` (unless NULL with length 0) is valid for
+/// `block_table_len` entries.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_attention_paged(
+    args: *const SdpaPagedArgs,
+    opts: *const SdpaOptions,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { paged_entry(args, opts) })
+}
+
+/// Attention over a packed batch of variable-length sequences (`sdpa::attention_varlen`),
+/// K/V packed or paged (see `sdpa_varlen_args`). Every element type combination runs
+/// natively, as in `sdpa_attention`.
+///
+/// Errors as `sdpa_attention`, plus: `SDPA_STATUS_LENGTH_MISMATCH` / `SDPA_STATUS_INVALID_VALUE`
+/// for offsets that are empty, negative, decreasing or past the packed rows (messages name
+/// `cu_seqlens_q` / `cu_seqlens_k`), the block-table errors of `sdpa_attention_paged`,
+/// `SDPA_STATUS_SHAPE_MISMATCH` when the batch dim of Q, K or out is not 1, and
+/// `SDPA_STATUS_INVALID_ARGUMENT` for an unknown `kv_layout` or a field of the other layout
+/// set.
+///
+/// # Safety
+/// As `sdpa_attention`; each array (unless NULL with length 0) is valid for its length.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_attention_varlen(
+    args: *const SdpaVarlenArgs,
+    opts: *const SdpaOptions,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { varlen_entry(args, opts) })
 }
 
 /// Merges partial results over disjoint key sets (split-KV decode, sequence parallelism) into
