@@ -3,7 +3,8 @@
  * transposed as llama.cpp's non-flash path does, padded and permuted Q), runs GQA causal
  * attention with LSE, and checks it against a plain double-precision loop written here and
  * against sdpa's f64 reference called through the C API. Then bad inputs, threads, a merge,
- * and the element types: an f16 KV cache with f32 Q/out (llama.cpp's way) and all-bf16.
+ * the element types: an f16 KV cache with f32 Q/out (llama.cpp's way) and all-bf16, a paged
+ * decode over a shuffled block table and a packed variable-length batch.
  * Exit status 0 on success; every failed check prints a line. */
 #include "sdpa.h"
 
@@ -75,6 +76,34 @@ static float bf16_to_f32(uint16_t h) {
     float x;
     memcpy(&x, &u, sizeof x);
     return x;
+}
+
+/* One query row against n keys and values given as row pointers (D contiguous floats each),
+ * in double precision: returns max |out - expected| over the row and adds |lse - expected| to
+ * the worst in *lse_err. A row with no key expects 0 and -inf. */
+static double check_row(const float *qrow, const float *const *krows, const float *const *vrows,
+                        size_t n, double scale, const float *orow, float lse, double *lse_err) {
+    double s[64], m = -INFINITY, sum = 0.0, worst = 0.0;
+    for (size_t j = 0; j < n; j++) {
+        double dot = 0.0;
+        for (size_t d = 0; d < D; d++) dot += (double)qrow[d] * (double)krows[j][d];
+        s[j] = dot * scale;
+        if (s[j] > m) m = s[j];
+    }
+    for (size_t j = 0; j < n; j++) sum += exp(s[j] - m);
+    for (size_t d = 0; d < D; d++) {
+        double acc = 0.0;
+        for (size_t j = 0; j < n; j++) acc += exp(s[j] - m) / sum * (double)vrows[j][d];
+        double err = fabs(acc - (double)orow[d]);
+        if (err != err || err > worst) worst = err;
+    }
+    if (n == 0) {
+        if (lse != -INFINITY) *lse_err = INFINITY;
+    } else {
+        double err = fabs(m + log(sum) - (double)lse);
+        if (err != err || err > *lse_err) *lse_err = err;
+    }
+    return worst;
 }
 
 /* max |x - y| over n outputs of type dtype (f32, f16 or bf16 bit patterns). */
@@ -468,6 +497,187 @@ int main(void) {
         CHECK(slopes[0] == 0.5f && slopes[7] == 1.0f / 256.0f, "slopes values %g %g", slopes[0],
               slopes[7]);
         CHECK(sdpa_alibi_slopes(8, slopes, 4) == SDPA_STATUS_LENGTH_MISMATCH, "short slopes");
+    }
+
+    /* 9. Paged decode (vLLM's cache): pools [num_pages, page_size, H_kv, d], a shuffled block
+     * table whose entries past each sequence's pages are garbage, key lengths from kv_lens.
+     * Every slot no sequence reaches (a spare page, the tail of a last page) holds NaN, which
+     * must not leak. Checked against a double loop over the table. */
+    {
+        enum { PB = 2, PS = 4, PPS = 4, NPAGES = PB * PPS + 1 };
+        static const uint32_t table[PB * PPS] = {5, 2, 7, 0, 3, 8, 0xFFFFFFFFu, 6};
+        static const size_t lens[PB] = {13, 6};
+        size_t pool_len = (size_t)NPAGES * PS * HKV * D;
+        float *kp = malloc(pool_len * sizeof(float)), *vp = malloc(pool_len * sizeof(float));
+        float pq[PB * H * D], pout[PB * H * D], plse[PB * H];
+        if (!kp || !vp) return 2;
+        for (size_t i = 0; i < pool_len; i++) kp[i] = vp[i] = NAN;
+        for (size_t b = 0; b < PB; b++)
+            for (size_t j = 0; j < lens[b]; j++)
+                for (size_t x = 0; x < HKV * D; x++) {
+                    size_t at = (table[b * PPS + j / PS] * PS + j % PS) * HKV * D + x;
+                    kp[at] = frand();
+                    vp[at] = frand();
+                }
+        for (size_t i = 0; i < PB * H * D; i++) pq[i] = frand();
+
+        sdpa_paged_args pa;
+        memset(&pa, 0, sizeof pa);
+        pa.size = sizeof pa;
+        pa.q_dtype = pa.kv_dtype = pa.out_dtype = SDPA_DTYPE_F32;
+        {
+            size_t qd[4] = {PB, 1, H, D}, qs[4] = {H * D, H * D, D, 1};
+            size_t pd[4] = {NPAGES, PS, HKV, D}, ps[4] = {PS * HKV * D, HKV * D, D, 1};
+            memcpy(pa.q.dims, qd, sizeof qd);
+            memcpy(pa.q.strides, qs, sizeof qs);
+            memcpy(pa.out.dims, qd, sizeof qd);
+            memcpy(pa.out.strides, qs, sizeof qs);
+            memcpy(pa.k.dims, pd, sizeof pd);
+            memcpy(pa.k.strides, ps, sizeof ps);
+            memcpy(pa.v.dims, pd, sizeof pd);
+            memcpy(pa.v.strides, ps, sizeof ps);
+        }
+        pa.q.data = pq;
+        pa.k.data = kp;
+        pa.v.data = vp;
+        pa.out.data = pout;
+        pa.block_table = table;
+        pa.block_table_len = PB * PPS;
+        pa.pages_per_seq = PPS;
+        pa.lse = plse;
+        pa.lse_len = PB * H;
+
+        sdpa_options po;
+        memset(&po, 0, sizeof po);
+        po.size = sizeof po;
+        po.causal = SDPA_ALIGN_BOTTOM_RIGHT; /* one decode row: sees every live key */
+        po.kv_lens = lens;
+        po.kv_lens_len = PB;
+        st = sdpa_attention_paged(&pa, &po);
+        CHECK(st == SDPA_STATUS_OK, "paged: %s: %s", sdpa_status_name(st),
+              sdpa_last_error_message());
+
+        double worst = 0.0, lse_err = 0.0;
+        for (size_t b = 0; b < PB; b++)
+            for (size_t h = 0; h < H; h++) {
+                const float *kr[PPS * PS], *vr[PPS * PS];
+                size_t hk = h / (H / HKV);
+                for (size_t j = 0; j < lens[b]; j++) {
+                    size_t at = ((table[b * PPS + j / PS] * PS + j % PS) * HKV + hk) * D;
+                    kr[j] = kp + at;
+                    vr[j] = vp + at;
+                }
+                double e = check_row(pq + (b * H + h) * D, kr, vr, lens[b],
+                                     1.0 / sqrt((double)D), pout + (b * H + h) * D,
+                                     plse[b * H + h], &lse_err);
+                if (e != e || e > worst) worst = e;
+            }
+        CHECK(worst < 1e-5, "paged vs C loop: max |out error| %g", worst);
+        CHECK(lse_err < 1e-5, "paged vs C loop: max |lse error| %g", lse_err);
+
+        /* Errors: a table entry that a length reaches and that is not a page; no kv_lens. */
+        {
+            uint32_t bad_table[PB * PPS];
+            memcpy(bad_table, table, sizeof table);
+            bad_table[PPS + 1] = NPAGES;
+            pa.block_table = bad_table;
+            st = sdpa_attention_paged(&pa, &po);
+            CHECK(st == SDPA_STATUS_INVALID_VALUE, "bad page: %s", sdpa_status_name(st));
+            CHECK(strcmp(sdpa_last_error_message(),
+                         "block table[5]: page index is not below the number of pages in the "
+                         "pool") == 0,
+                  "bad page message: %s", sdpa_last_error_message());
+            pa.block_table = table;
+        }
+        po.kv_lens = NULL;
+        po.kv_lens_len = 0;
+        st = sdpa_attention_paged(&pa, &po);
+        CHECK(st == SDPA_STATUS_LENGTH_MISMATCH, "paged without kv_lens: %s",
+              sdpa_status_name(st));
+        CHECK(strstr(sdpa_last_error_message(), "kv_lens") != NULL, "no kv_lens message: %s",
+              sdpa_last_error_message());
+        free(kp);
+        free(vp);
+    }
+
+    /* 10. A packed variable-length batch (FlashAttention's varlen layout): a prefill chunk, an
+     * empty sequence and a three-row chunk, K/V packed, int32 offsets, causal per sequence;
+     * LSE [H, total_q]. Checked against a double loop per sequence. */
+    {
+        enum { VB = 3, TQ = 5, TK = 15 };
+        static const int32_t cu_q[VB + 1] = {0, 2, 2, 5}, cu_k[VB + 1] = {0, 5, 8, 15};
+        float vq[TQ * H * D], vk[TK * HKV * D], vv[TK * HKV * D], vout[TQ * H * D],
+            vlse[H * TQ];
+        for (size_t i = 0; i < TQ * H * D; i++) vq[i] = frand();
+        for (size_t i = 0; i < TK * HKV * D; i++) {
+            vk[i] = frand();
+            vv[i] = frand();
+        }
+        sdpa_varlen_args va;
+        memset(&va, 0, sizeof va);
+        va.size = sizeof va;
+        va.kv_layout = SDPA_KV_PACKED; /* and every dtype f32: all zero */
+        {
+            size_t qd[4] = {1, TQ, H, D}, qs[4] = {TQ * H * D, H * D, D, 1};
+            size_t kd[4] = {1, TK, HKV, D}, ks[4] = {TK * HKV * D, HKV * D, D, 1};
+            memcpy(va.q.dims, qd, sizeof qd);
+            memcpy(va.q.strides, qs, sizeof qs);
+            memcpy(va.out.dims, qd, sizeof qd);
+            memcpy(va.out.strides, qs, sizeof qs);
+            memcpy(va.k.dims, kd, sizeof kd);
+            memcpy(va.k.strides, ks, sizeof ks);
+            memcpy(va.v.dims, kd, sizeof kd);
+            memcpy(va.v.strides, ks, sizeof ks);
+        }
+        va.q.data = vq;
+        va.k.data = vk;
+        va.v.data = vv;
+        va.out.data = vout;
+        va.cu_seqlens_q = cu_q;
+        va.cu_seqlens_q_len = VB + 1;
+        va.cu_seqlens_k = cu_k;
+        va.cu_seqlens_k_len = VB + 1;
+        va.lse = vlse;
+        va.lse_len = H * TQ;
+        sdpa_options vo;
+        memset(&vo, 0, sizeof vo);
+        vo.size = sizeof vo;
+        vo.causal = SDPA_ALIGN_BOTTOM_RIGHT;
+        st = sdpa_attention_varlen(&va, &vo);
+        CHECK(st == SDPA_STATUS_OK, "varlen: %s: %s", sdpa_status_name(st),
+              sdpa_last_error_message());
+
+        double worst = 0.0, lse_err = 0.0;
+        for (size_t b = 0; b < VB; b++) {
+            size_t nq = (size_t)(cu_q[b + 1] - cu_q[b]), nk = (size_t)(cu_k[b + 1] - cu_k[b]);
+            for (size_t i = 0; i < nq; i++)
+                for (size_t h = 0; h < H; h++) {
+                    const float *kr[TK], *vr[TK];
+                    size_t t = (size_t)cu_q[b] + i, hk = h / (H / HKV);
+                    size_t seen = i + (nk - nq) + 1; /* bottom-right causal, nk >= nq here */
+                    for (size_t j = 0; j < seen; j++) {
+                        size_t at = (((size_t)cu_k[b] + j) * HKV + hk) * D;
+                        kr[j] = vk + at;
+                        vr[j] = vv + at;
+                    }
+                    double e = check_row(vq + (t * H + h) * D, kr, vr, seen,
+                                         1.0 / sqrt((double)D), vout + (t * H + h) * D,
+                                         vlse[h * TQ + t], &lse_err);
+                    if (e != e || e > worst) worst = e;
+                }
+        }
+        CHECK(worst < 1e-5, "varlen vs C loop: max |out error| %g", worst);
+        CHECK(lse_err < 1e-5, "varlen vs C loop: max |lse error| %g", lse_err);
+
+        /* A negative offset is a typed error, not a huge size_t. */
+        {
+            static const int32_t neg[VB + 1] = {0, 2, -1, 5};
+            va.cu_seqlens_q = neg;
+            st = sdpa_attention_varlen(&va, &vo);
+            CHECK(st == SDPA_STATUS_INVALID_VALUE, "negative offset: %s", sdpa_status_name(st));
+            CHECK(strcmp(sdpa_last_error_message(), "cu_seqlens_q[2]: offset is negative") == 0,
+                  "negative offset message: %s", sdpa_last_error_message());
+        }
     }
 
     free(q);
