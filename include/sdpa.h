@@ -67,7 +67,8 @@ typedef enum sdpa_status {
   SDPA_STATUS_MISALIGNED = 4,
   // An output overlaps an input or another output.
   SDPA_STATUS_ALIASED_BUFFERS = 5,
-  // An enum-like field (alignment) has a value outside its constants.
+  // An enum-like field (alignment, `kv_layout`) has a value outside its constants, or a
+  // field the chosen `kv_layout` does not use is set.
   SDPA_STATUS_INVALID_ARGUMENT = 6,
   // Dims and strides reach past the address space (`LayoutOverflow` in Rust).
   SDPA_STATUS_LAYOUT_OVERFLOW = 7,
@@ -87,7 +88,8 @@ typedef enum sdpa_status {
   SDPA_STATUS_INVALID_SCALE = 14,
   // The softcap is not finite and positive (`InvalidSoftcap`).
   SDPA_STATUS_INVALID_SOFTCAP = 15,
-  // A value in kv_lens, slopes or sinks is out of range (`InvalidValue`).
+  // A value in kv_lens, slopes, sinks, a block table or sequence offsets is out of range
+  // (`InvalidValue`).
   SDPA_STATUS_INVALID_VALUE = 16,
   // A bias or mask does not broadcast to the scores (`NotBroadcastable`).
   SDPA_STATUS_NOT_BROADCASTABLE = 17,

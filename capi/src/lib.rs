@@ -2,8 +2,8 @@
 //!
 //! `sdpa_attention`, `sdpa_reference_attention`, `sdpa_attention_paged` (paged K/V caches),
 //! `sdpa_attention_varlen` (packed variable-length batches), `sdpa_merge_partials` and helpers
-//! for C and C++ callers, built as a `cdylib` and a `staticlib`; the header `include/sdpa.h` is generated
-//! from this file by cbindgen (a test fails when the committed header is stale).
+//! for C and C++ callers, built as a `cdylib` and a `staticlib`; the header `include/sdpa.h`
+//! is generated from this file by cbindgen (a test fails when the committed header is stale).
 //!
 //! ## Contract
 //! * Tensors are described by [`SdpaTensor`] / [`SdpaTensorMut`]: a data pointer, logical dims
@@ -79,7 +79,8 @@ pub enum SdpaStatus {
     Misaligned = 4,
     /// An output overlaps an input or another output.
     AliasedBuffers = 5,
-    /// An enum-like field (alignment) has a value outside its constants.
+    /// An enum-like field (alignment, `kv_layout`) has a value outside its constants, or a
+    /// field the chosen `kv_layout` does not use is set.
     InvalidArgument = 6,
     /// Dims and strides reach past the address space (`LayoutOverflow` in Rust).
     LayoutOverflow = 7,
@@ -99,7 +100,8 @@ pub enum SdpaStatus {
     InvalidScale = 14,
     /// The softcap is not finite and positive (`InvalidSoftcap`).
     InvalidSoftcap = 15,
-    /// A value in kv_lens, slopes or sinks is out of range (`InvalidValue`).
+    /// A value in kv_lens, slopes, sinks, a block table or sequence offsets is out of range
+    /// (`InvalidValue`).
     InvalidValue = 16,
     /// A bias or mask does not broadcast to the scores (`NotBroadcastable`).
     NotBroadcastable = 17,
