@@ -179,7 +179,7 @@ impl TableFault {
 pub enum CuFaultKind {
     /// Offset `1 + at % (len − 1)` one below the previous one (wrapping: 0 − 1 = `usize::MAX`).
     Decrease,
-    /// The last offset `1 + at % 3` larger (still valid where the tail gap has room).
+    /// The last offset `1 + at % 3` larger (saturating; still valid where the tail gap has room).
     PastEnd,
     /// The last offset removed (one sequence fewer).
     Pop,
@@ -223,7 +223,7 @@ impl CuFault {
             }
             CuFaultKind::PastEnd => {
                 if let Some(last) = cu.last_mut() {
-                    *last += 1 + at % 3;
+                    *last = last.saturating_add(1 + at % 3);
                 }
             }
             CuFaultKind::Pop => {
