@@ -242,7 +242,11 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
 
     if splits == 1 {
         // Each item is its own single part, finished straight from the scratch.
-        (0..items).into_par_iter().for_each_init(
+        // One job per item: rayon splits a range adaptively, so a chunk it never splits again
+        // runs on one thread; with uneven items (a packed batch of long prefill chunks and
+        // decode rows, or sequences past their ends) that left one thread idle for 20% of a
+        // call. Items are large enough (a block of rows × their keys) for a job each.
+        (0..items).into_par_iter().with_max_len(1).for_each_init(
             || pool.take(),
             |loan, index| {
                 let scratch = loan.get();
@@ -294,7 +298,7 @@ fn split_kv(
     partials.clear();
     partials.try_reserve_exact(len).map_err(|_| too_large)?;
     partials.resize(len, 0.0f32);
-    partials.par_chunks_mut(slot).enumerate().for_each_init(
+    partials.par_chunks_mut(slot).enumerate().with_max_len(1).for_each_init(
         || pool.take(),
         |loan, (unit, part)| {
             let scratch = loan.get();
