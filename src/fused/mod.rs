@@ -298,19 +298,23 @@ fn split_kv(
     partials.clear();
     partials.try_reserve_exact(len).map_err(|_| too_large)?;
     partials.resize(len, 0.0f32);
-    partials.par_chunks_mut(slot).enumerate().with_max_len(1).for_each_init(
-        || pool.take(),
-        |loan, (unit, part)| {
-            let scratch = loan.get();
-            let item = compute(unit, scratch);
-            let n = item.rows(group);
-            let tile = &scratch.tile;
-            let (o, ml) = part.split_at_mut(rows * d_vp);
-            o[..n * d_vp].copy_from_slice(&tile.o[..n * d_vp]);
-            ml[..n].copy_from_slice(&tile.m[..n]);
-            ml[rows..rows + n].copy_from_slice(&tile.l[..n]);
-        },
-    );
+    partials
+        .par_chunks_mut(slot)
+        .enumerate()
+        .with_max_len(1)
+        .for_each_init(
+            || pool.take(),
+            |loan, (unit, part)| {
+                let scratch = loan.get();
+                let item = compute(unit, scratch);
+                let n = item.rows(group);
+                let tile = &scratch.tile;
+                let (o, ml) = part.split_at_mut(rows * d_vp);
+                o[..n * d_vp].copy_from_slice(&tile.o[..n * d_vp]);
+                ml[..n].copy_from_slice(&tile.m[..n]);
+                ml[rows..rows + n].copy_from_slice(&tile.l[..n]);
+            },
+        );
     partials
         .par_chunks(splits * slot)
         .enumerate()
