@@ -210,6 +210,8 @@ impl ErrorBound {
 
 /// Unit roundoff of f32, `2⁻²⁴`.
 const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// Largest absolute error of an f32 rounding into the subnormal range, `2⁻¹⁵⁰`.
+const ETA: f64 = 1.0 / (1u128 << 100) as f64 / (1u64 << 50) as f64;
 /// Relative error of the fused kernel's polynomial `2^x` (measured 8.4e-8; see `simd::exp2`).
 const EXP2_REL: f64 = 2e-7;
 
@@ -241,9 +243,15 @@ fn gamma(n: usize) -> f64 {
 ///    key of value 0) in f32 adds `γ_n` on each sum, and the
 ///    final division and f32 rounding of the reference add `2u`, all relative to `max ‖v_j‖_∞`.
 ///
-/// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u)` (the second term: both results are
-/// convex combinations of the values, whatever the weights; it takes over when `θ ≥ 1`) and
-/// `lse ≤ Δ + θ + γ_n + u·|lse|`.
+/// 5. Underflow: an f32 rounding whose result is subnormal errs by up to `η = 2⁻¹⁵⁰` in absolute
+///    terms, which no relative bound covers (values near 1e-45). At most `3n + 66` of them
+///    reach one output element (a product, a sum and a rescale per key, the split-KV combine of
+///    at most 32 parts, the final division, the reference's own rounding), and none is
+///    amplified (the accumulators are divided by `l ≥ 1`).
+///
+/// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u) + (3n + 66)·η` (the `min`'s second
+/// term: both results are convex combinations of the values, whatever the weights; it takes
+/// over when `θ ≥ 1`) and `lse ≤ Δ + θ + γ_n + u·|lse|`.
 /// Rows with no visible key and no sink get 0 (the fused kernel writes exactly 0 and −∞ there).
 /// The bound is NaN where inputs are NaN; non-finite inputs follow the documented semantics
 /// instead.
@@ -356,8 +364,10 @@ pub fn error_bounds<Q: Element, KV: Element>(
                     } else {
                         f64::INFINITY
                     };
+                    // Subnormal roundings (step 5), absolute.
+                    let underflow = (3 * terms + 66) as f64 * ETA;
                     ErrorBound {
-                        out: first_order.min(cap),
+                        out: first_order.min(cap) + underflow,
                         lse: delta + theta + gamma(terms) + U * lse_mag,
                         value_max: v_max,
                     }

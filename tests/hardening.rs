@@ -294,3 +294,59 @@ fn reference_with_nothing_to_compute_is_ok() {
     let mut out = TensorMut::new(&mut out_data, [1, huge, 1, 0], [0, 0, 0, 1]).unwrap();
     sdpa::reference::attention(&q, &k, &v, &mut out, &Options::new()).unwrap();
 }
+
+/// Subnormal values: roundings into the subnormal range err by up to 2⁻¹⁵⁰ absolute, which the
+/// relative part of `error_bounds` does not cover (the `kv_cache` fuzz target found a result
+/// one subnormal ulp past it); the bound's absolute underflow term does. The fuzz reproducer,
+/// then random rows of 1–6 keys with subnormal values.
+#[test]
+fn subnormal_values_stay_within_the_bound() {
+    let check = |q: &[f32], k: &[f32], v: &[f32], what: &str| {
+        let n = k.len();
+        let qv = Tensor::bshd(q, [1, 1, 1, 1]).unwrap();
+        let kv = Tensor::bshd(k, [1, n, 1, 1]).unwrap();
+        let vv = Tensor::bshd(v, [1, n, 1, 1]).unwrap();
+        let (mut got, mut want) = ([0.0f32], [0.0f32]);
+        let opts = Options::new();
+        sdpa::attention(
+            &qv,
+            &kv,
+            &vv,
+            &mut TensorMut::bshd(&mut got, [1, 1, 1, 1]).unwrap(),
+            &opts,
+        )
+        .unwrap();
+        let mut w = TensorMut::bshd(&mut want, [1, 1, 1, 1]).unwrap();
+        sdpa::reference::attention(&qv, &kv, &vv, &mut w, &opts).unwrap();
+        let bound = sdpa::reference::error_bounds(&qv, &kv, &vv, &opts).unwrap()[0].out;
+        let diff = (f64::from(got[0]) - f64::from(want[0])).abs();
+        assert!(
+            diff <= bound,
+            "{what}: {} vs {} (bound {bound:e})",
+            got[0],
+            want[0]
+        );
+    };
+    let v = [f32::from_bits(332256), f32::from_bits(29293)];
+    check(&[1.0], &[0.729_219_7, 2.114_533_2], &v, "fuzz reproducer");
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for case in 0..20_000 {
+        let n = 1 + (next() % 6) as usize;
+        let k: Vec<f32> = (0..n)
+            .map(|_| (next() % 4000) as f32 / 1000.0 - 2.0)
+            .collect();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let bits = (next() % 0x80_0000) as u32 | ((next() % 2) as u32) << 31;
+                f32::from_bits(bits)
+            })
+            .collect();
+        check(&[1.0], &k, &v, &format!("case {case}"));
+    }
+}
