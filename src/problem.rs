@@ -131,6 +131,30 @@ struct Sizes {
     d_v: usize,
 }
 
+impl Sizes {
+    /// The sizes of a call with dense Q `q` `[B, n_q, H, d_k]` and out `[B, n_q, H, d_v]`
+    /// against keys of `kv_heads` heads, `n_kv` per sequence; checks the output's dims.
+    fn dense(
+        q: [usize; 4],
+        out_dims: [usize; 4],
+        kv_heads: usize,
+        n_kv: usize,
+        d_v: usize,
+    ) -> Result<Sizes, Error> {
+        let [batch, n_q, heads, d_k] = q;
+        expect(Operand::Output, out_dims, [batch, n_q, heads, d_v])?;
+        Ok(Sizes {
+            batch,
+            n_q,
+            heads,
+            kv_heads,
+            n_kv,
+            d_k,
+            d_v,
+        })
+    }
+}
+
 /// Where the sequences of a packed batch lie (`None`: the dense `[B, n, …]` layout).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Seqs<'a> {
@@ -260,28 +284,13 @@ impl<'a> Problem<'a> {
         lse: Option<&[f32]>,
         opts: &Options<'a>,
     ) -> Result<Self, Error> {
-        let [batch, n_q, heads, d_k] = q.dims();
+        let [batch, _, _, d_k] = q.dims();
         let [_, n_kv, kv_heads, _] = k.dims();
         let d_v = v.dims()[3];
         expect(Operand::Key, k.dims(), [batch, n_kv, kv_heads, d_k])?;
         expect(Operand::Value, v.dims(), [batch, n_kv, kv_heads, d_v])?;
-        expect(Operand::Output, out_dims, [batch, n_q, heads, d_v])?;
-        let sizes = Sizes {
-            batch,
-            n_q,
-            heads,
-            kv_heads,
-            n_kv,
-            d_k,
-            d_v,
-        };
-        let lse_len = dense_lse_len(batch, heads, n_q);
-        Self::build(
-            sizes,
-            Seqs::default(),
-            lse.map(|l| (l.len(), lse_len)),
-            opts,
-        )
+        let sizes = Sizes::dense(q.dims(), out_dims, kv_heads, n_kv, d_v)?;
+        Self::build_dense(sizes, lse, opts)
     }
 
     /// Validates a call whose K/V pages are `kv` (Q, out and LSE dense, as in
@@ -295,7 +304,7 @@ impl<'a> Problem<'a> {
         lse: Option<&[f32]>,
         opts: &Options<'a>,
     ) -> Result<Self, Error> {
-        let [batch, n_q, heads, d_k] = q.dims();
+        let [batch, _, _, d_k] = q.dims();
         let [_, _, kv_heads, d_kk] = kv.k.dims();
         let d_v = kv.v.dims()[3];
         expect(
@@ -303,29 +312,13 @@ impl<'a> Problem<'a> {
             [batch, 0, kv_heads, d_kk],
             [batch, 0, kv_heads, d_k],
         )?;
-        expect(Operand::Output, out_dims, [batch, n_q, heads, d_v])?;
-        let n_kv = kv.capacity()?;
+        let sizes = Sizes::dense(q.dims(), out_dims, kv_heads, kv.capacity()?, d_v)?;
         check_len(
             kv.block_table,
             batch.saturating_mul(kv.pages_per_seq),
             Operand::BlockTable,
         )?;
-        let sizes = Sizes {
-            batch,
-            n_q,
-            heads,
-            kv_heads,
-            n_kv,
-            d_k,
-            d_v,
-        };
-        let lse_len = dense_lse_len(batch, heads, n_q);
-        let p = Self::build(
-            sizes,
-            Seqs::default(),
-            lse.map(|l| (l.len(), lse_len)),
-            opts,
-        )?;
+        let p = Self::build_dense(sizes, lse, opts)?;
         p.check_pages(kv)?;
         Ok(p)
     }
@@ -390,6 +383,13 @@ impl<'a> Problem<'a> {
     }
 
     /// Every table entry that a sequence's key length reaches names a page of the pool.
+    /// [`Problem::build`] for dense queries and outputs (LSE `[B, H, n_q]`).
+    fn build_dense(sizes: Sizes, lse: Option<&[f32]>, opts: &Options<'a>) -> Result<Self, Error> {
+        let lse_len = dense_lse_len(sizes.batch, sizes.heads, sizes.n_q);
+        let lse = lse.map(|l| (l.len(), lse_len));
+        Self::build(sizes, Seqs::default(), lse, opts)
+    }
+
     /// Paged calls need `kv_lens`: a table row is padded past its sequence's pages, so its
     /// capacity is no length.
     fn check_pages<KV>(&self, kv: &PagedKv<'_, KV>) -> Result<(), Error> {
