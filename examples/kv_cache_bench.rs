@@ -12,6 +12,8 @@
 //!    chunk) plus 8 decode rows against 4096-key caches, H = 32, H_kv = 8, d = 128, in one
 //!    `attention_varlen` call (K/V packed), against one dense call per sequence. Reports the
 //!    summed per-sequence time / the packed call's time (above 1: the packed call is faster).
+//! 3. The same for one step of a continuous-batching server: 16 prompt chunks of 17–300 rows
+//!    against caches of up to ~1000 keys, and 48 decode rows against 512–4096 keys.
 //!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5).
 
@@ -133,10 +135,28 @@ fn view(x: &[f32], at: usize, n: usize, h: usize) -> Tensor<'_, f32> {
     Tensor::bshd(&x[at * h * D..(at + n) * h * D], [1, n, h, D]).unwrap()
 }
 
-fn packed_batch(rounds: usize) {
-    // (query rows, keys): prefill chunks see themselves, decode rows a 4096-key cache.
+/// The mix: (query rows, keys): prefill chunks see themselves, decode rows a
+/// 4096-key cache.
+fn long_mix() -> Vec<(usize, usize)> {
     let mut seqs = vec![(17usize, 17usize), (300, 300), (2048, 2048), (5000, 5000)];
     seqs.extend([(1, 4096); 8]);
+    seqs
+}
+
+/// A continuous-batching step: 16 prompt chunks of 17–300 new tokens against caches of up to
+/// 1024 keys (chunked prefill), and 48 decode rows against 512–4096 keys.
+fn serving_step() -> Vec<(usize, usize)> {
+    let mut seqs: Vec<(usize, usize)> = (0..16)
+        .map(|i| {
+            let n = 17 + (i * 97) % 284;
+            (n, n + (i * 61) % 724)
+        })
+        .collect();
+    seqs.extend((0..48).map(|i| (1, 512 + (i * 331) % 3585)));
+    seqs
+}
+
+fn packed_batch(rounds: usize, name: &str, seqs: Vec<(usize, usize)>) {
     let mut cu_q = vec![0];
     let mut cu_k = vec![0];
     for &(nq, nk) in &seqs {
@@ -192,7 +212,7 @@ fn packed_batch(rounds: usize) {
         "packed and per-sequence results differ by {diff}"
     );
     println!(
-        "packed batch (17, 300, 2048, 5000 prefill + 8 decode rows × 4096 keys): one call per sequence {:.1} ms ({:.1} GFLOP/s), packed {:.1} ms ({:.1} GFLOP/s), per-sequence/packed time {:.3}",
+        "packed batch ({name}): one call per sequence {:.1} ms ({:.1} GFLOP/s), packed {:.1} ms ({:.1} GFLOP/s), per-sequence/packed time {:.3}",
         each * 1e3,
         flops / each / 1e9,
         packed * 1e3,
@@ -226,6 +246,15 @@ fn main() {
     );
     pool.install(|| {
         paged_decode(rounds);
-        packed_batch(rounds);
+        packed_batch(
+            rounds,
+            "17, 300, 2048, 5000 prefill + 8 decode rows × 4096 keys",
+            long_mix(),
+        );
+        packed_batch(
+            rounds,
+            "16 prefill chunks of 17-300 rows + 48 decode rows, 512-4096 keys",
+            serving_step(),
+        );
     });
 }
