@@ -7,6 +7,8 @@ use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
 
 mod support;
+use support::contract::RowFacts;
+use support::harness::{assert_tensors_against_reference, Layout};
 use support::values::SplitMix;
 
 /// `len` values uniform in `[−scale, scale)`: the tests' one filler.
@@ -34,8 +36,9 @@ struct Shape {
     bhsd: bool,
 }
 
-/// Runs the fused kernel and the reference on the same typed inputs and checks every element
-/// and LSE against the bound; returns the worst error / bound.
+/// Runs the fused kernel (with and without LSE) and the reference on the same typed inputs and
+/// checks every element and LSE against `error_bounds(..).for_output::<O>()` through the
+/// harness; returns the worst error / bound.
 fn check<Q: Element, KV: Element, O: Element>(s: Shape, opts: &Options<'_>, seed: u64) -> f64 {
     let q = to::<Q>(&values(s.b * s.n_q * s.h * s.d_k, seed, 1.0));
     let k = to::<KV>(&values(s.b * s.n_kv * s.h_kv * s.d_k, seed + 1, 1.0));
@@ -50,50 +53,10 @@ fn check<Q: Element, KV: Element, O: Element>(s: Shape, opts: &Options<'_>, seed
     let qv = view(&q, s.bhsd, [s.b, s.n_q, s.h, s.d_k]);
     let kv = view(&k, s.bhsd, [s.b, s.n_kv, s.h_kv, s.d_k]);
     let vv = view(&v, s.bhsd, [s.b, s.n_kv, s.h_kv, s.d_v]);
-    let len = s.b * s.n_q * s.h * s.d_v;
-    let (mut out, mut want) = (vec![O::from_f32(0.0); len], vec![O::from_f32(0.0); len]);
-    let rows = s.b * s.h * s.n_q;
-    let (mut lse, mut want_lse) = (vec![0.0f32; rows], vec![0.0f32; rows]);
-    let dims = [s.b, s.n_q, s.h, s.d_v];
-    let mut ov = TensorMut::bshd(&mut out, dims).unwrap();
-    sdpa::attention_lse(&qv, &kv, &vv, &mut ov, &mut lse, opts).unwrap();
-    let mut wv = TensorMut::bshd(&mut want, dims).unwrap();
-    sdpa::reference::attention_lse(&qv, &kv, &vv, &mut wv, &mut want_lse, opts).unwrap();
-    let bounds = sdpa::reference::error_bounds(&qv, &kv, &vv, opts).unwrap();
-    let mut worst = 0.0f64;
-    for bb in 0..s.b {
-        for i in 0..s.n_q {
-            for hh in 0..s.h {
-                let row = (bb * s.h + hh) * s.n_q + i;
-                let bound = bounds[row].for_output::<O>();
-                for c in 0..s.d_v {
-                    let x = ((bb * s.n_q + i) * s.h + hh) * s.d_v + c;
-                    let (g, w) = (out[x].to_f64(), want[x].to_f64());
-                    let err = (g - w).abs();
-                    assert!(
-                        err <= bound.out,
-                        "{}/{}/{} {s:?} b={bb} i={i} h={hh} c={c}: {g} vs {w} (bound {:e})",
-                        Q::NAME,
-                        KV::NAME,
-                        O::NAME,
-                        bound.out
-                    );
-                    if bound.out > 0.0 {
-                        worst = worst.max(err / bound.out);
-                    }
-                }
-                let (g, w) = (f64::from(lse[row]), f64::from(want_lse[row]));
-                assert!(
-                    g == w || (g - w).abs() <= bound.lse,
-                    "{}/{}/{} lse row {row}: {g} vs {w}",
-                    Q::NAME,
-                    KV::NAME,
-                    O::NAME
-                );
-            }
-        }
-    }
-    worst
+    let label = format!("{}/{}/{} {s:?} seed {seed}", Q::NAME, KV::NAME, O::NAME);
+    let finite = |_| RowFacts::FINITE;
+    assert_tensors_against_reference::<Q, KV, O>(&qv, &kv, &vv, Layout::BSHD, opts, finite, &label)
+        .worst_ratio
 }
 
 /// Every option set of the grid, for a problem with `b` sequences and `h` query heads.
@@ -203,20 +166,17 @@ fn dominant_key<KV: Element>() {
         let kv = Tensor::bshd(&k, [1, n_kv, 1, d]).unwrap();
         let vv = Tensor::bshd(&v, [1, n_kv, 1, d]).unwrap();
         let opts = Options::new().scale(4.0);
-        let mut out = vec![0.0f32; d];
-        let mut ov = TensorMut::bshd(&mut out, [1, 1, 1, d]).unwrap();
-        sdpa::attention(&qv, &kv, &vv, &mut ov, &opts).unwrap();
-        let mut want = vec![0.0f32; d];
-        let mut wv = TensorMut::bshd(&mut want, [1, 1, 1, d]).unwrap();
-        sdpa::reference::attention(&qv, &kv, &vv, &mut wv, &opts).unwrap();
-        let bound = sdpa::reference::error_bounds(&qv, &kv, &vv, &opts).unwrap()[0];
-        for (g, w) in out.iter().zip(&want) {
-            assert!(
-                f64::from((g - w).abs()) <= bound.out,
-                "{} key {j_big}",
-                KV::NAME
-            );
-        }
+        let label = format!("{} key {j_big}", KV::NAME);
+        let c = assert_tensors_against_reference::<f32, KV, f32>(
+            &qv,
+            &kv,
+            &vv,
+            Layout::BSHD,
+            &opts,
+            |_| RowFacts::FINITE,
+            &label,
+        );
+        let out = c.fused.out;
         assert!(out[0] > 6.9, "{} key {j_big}: {}", KV::NAME, out[0]);
     }
 }
@@ -291,17 +251,15 @@ fn strided_half_views_are_read_in_place() {
     let kv = Tensor::new(&kraw, [1, n_kv, 1, d], strides).unwrap();
     let vv = Tensor::new(&vraw, [1, n_kv, 1, d], strides).unwrap();
     let opts = Options::new().causal(Alignment::BottomRight);
-    let mut out = vec![0.0f32; 5 * d];
-    let mut ov = TensorMut::bshd(&mut out, [1, 5, 1, d]).unwrap();
-    sdpa::attention(&qv, &kv, &vv, &mut ov, &opts).unwrap();
-    let mut want = vec![0.0f32; 5 * d];
-    let mut wv = TensorMut::bshd(&mut want, [1, 5, 1, d]).unwrap();
-    sdpa::reference::attention(&qv, &kv, &vv, &mut wv, &opts).unwrap();
-    let bounds = sdpa::reference::error_bounds(&qv, &kv, &vv, &opts).unwrap();
-    for (x, (g, w)) in out.iter().zip(&want).enumerate() {
-        assert!(
-            f64::from((g - w).abs()) <= bounds[x / d].out,
-            "{x}: {g} vs {w}"
-        );
-    }
+    let label = "strided f16 K/V";
+    let finite = |_| RowFacts::FINITE;
+    assert_tensors_against_reference::<f32, f16, f32>(
+        &qv,
+        &kv,
+        &vv,
+        Layout::BSHD,
+        &opts,
+        finite,
+        label,
+    );
 }

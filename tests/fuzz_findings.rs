@@ -3,47 +3,34 @@
 
 mod support;
 
-use sdpa::reference::{self, ErrorBound};
+use sdpa::reference;
 use sdpa::{Alignment, Options, Tensor, TensorMut};
 use support::differential::Shape;
+use support::harness::{assert_views_close_to_reference, run_views, Comparison};
+use support::harness::{Layout, Outputs, Path, Views};
+
+/// Contiguous BSHD views of `q`, `k` and `v`.
+fn views<'a>(shape: Shape, q: &'a [f32], k: &'a [f32], v: &'a [f32]) -> Views<'a> {
+    Views {
+        q: Tensor::bshd(q, shape.q_dims()).unwrap(),
+        k: Tensor::bshd(k, shape.k_dims()).unwrap(),
+        v: Tensor::bshd(v, shape.v_dims()).unwrap(),
+    }
+}
 
 /// Runs fused `attention_lse` and the reference on contiguous BSHD operands; returns
-/// (fused out, fused lse, reference out, reference lse, bounds).
-#[allow(clippy::type_complexity)]
-fn both(
-    shape: Shape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    opts: &Options<'_>,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<ErrorBound>) {
-    let Shape {
-        batch: b,
-        heads: h,
-        kv_heads: hk,
-        n_q,
-        n_kv,
-        d_k,
-        d_v,
-    } = shape;
-    let qt = Tensor::bshd(q, [b, n_q, h, d_k]).unwrap();
-    let kt = Tensor::bshd(k, [b, n_kv, hk, d_k]).unwrap();
-    let vt = Tensor::bshd(v, [b, n_kv, hk, d_v]).unwrap();
-    let run = |fused: bool| {
-        let mut out = vec![f32::NAN; b * n_q * h * d_v];
-        let mut lse = vec![f32::NAN; b * h * n_q];
-        let mut ov = TensorMut::bshd(&mut out, [b, n_q, h, d_v]).unwrap();
-        if fused {
-            sdpa::attention_lse(&qt, &kt, &vt, &mut ov, &mut lse, opts).unwrap();
-        } else {
-            reference::attention_lse(&qt, &kt, &vt, &mut ov, &mut lse, opts).unwrap();
-        }
-        (out, lse)
-    };
-    let (fo, fl) = run(true);
-    let (ro, rl) = run(false);
-    let bounds = reference::error_bounds(&qt, &kt, &vt, opts).unwrap();
-    (fo, fl, ro, rl, bounds)
+/// (fused, reference).
+fn both(shape: Shape, q: &[f32], k: &[f32], v: &[f32], opts: &Options<'_>) -> (Outputs, Outputs) {
+    let x = views(shape, q, k, v);
+    let run = |path| run_views(path, &x, Layout::BSHD, opts);
+    (run(Path::Fused), run(Path::Reference))
+}
+
+/// [`both`], checked: every row within `reference::error_bounds` of the reference (inputs
+/// finite), and `attention` bitwise equal to `attention_lse`.
+fn close(shape: Shape, q: &[f32], k: &[f32], v: &[f32], opts: &Options<'_>) -> Comparison {
+    let label = format!("{shape:?} {opts:?}");
+    assert_views_close_to_reference(&views(shape, q, k, v), Layout::BSHD, opts, &label)
 }
 
 /// Crate docs: "A row with no visible key (…, a causal diagonal that starts past the keys, …):
@@ -52,30 +39,34 @@ fn both(
 /// (masked weight 0 × NaN, then 0 · NaN again in the normalization).
 #[test]
 fn row_without_visible_keys_is_zero_even_if_v_has_nan() {
-    let (fo, fl, ro, rl, _) = both(
+    let (f, r) = both(
         Shape::new(1, 1, 1, 2, 1, 1, 1),
         &[1.0, 1.0],
         &[1.0],
         &[f32::NAN],
         &Options::new().causal(Alignment::BottomRight),
     );
-    assert_eq!((ro[0], rl[0]), (0.0, f32::NEG_INFINITY), "reference");
-    assert!(ro[1].is_nan() && fo[1].is_nan(), "row 1 sees the NaN");
-    assert_eq!((fo[0], fl[0]), (0.0, f32::NEG_INFINITY), "fused row 0");
+    assert_eq!((r.out[0], r.lse[0]), (0.0, f32::NEG_INFINITY), "reference");
+    assert!(r.out[1].is_nan() && f.out[1].is_nan(), "row 1 sees the NaN");
+    assert_eq!(
+        (f.out[0], f.lse[0]),
+        (0.0, f32::NEG_INFINITY),
+        "fused row 0"
+    );
 }
 
 /// The same with ±∞ in V (0 · ∞ = NaN).
 #[test]
 fn row_without_visible_keys_is_zero_even_if_v_has_inf() {
-    let (fo, fl, ..) = both(
+    let (f, _) = both(
         Shape::new(1, 1, 1, 3, 1, 2, 2),
         &[0.5; 6],
         &[1.0, -1.0],
         &[f32::INFINITY, 1.0],
         &Options::new().causal(Alignment::BottomRight),
     );
-    assert_eq!(&fo[..4], &[0.0; 4], "rows 0 and 1 see no key");
-    assert_eq!(&fl[..2], &[f32::NEG_INFINITY; 2]);
+    assert_eq!(&f.out[..4], &[0.0; 4], "rows 0 and 1 see no key");
+    assert_eq!(&f.lse[..2], &[f32::NEG_INFINITY; 2]);
 }
 
 /// Every score is exactly 0 (q = 0), so the result is the mean of V, whatever the finite scale.
@@ -83,19 +74,18 @@ fn row_without_visible_keys_is_zero_even_if_v_has_inf() {
 #[test]
 fn huge_finite_scale_with_zero_scores() {
     let opts = Options::new().scale(3e38);
-    let (fo, fl, ro, rl, bounds) = both(
+    let c = close(
         Shape::new(1, 1, 1, 1, 2, 1, 1),
         &[0.0],
         &[1.0, 2.0],
         &[1.0, 3.0],
         &opts,
     );
-    assert_eq!((ro[0], rl[0]), (2.0, std::f32::consts::LN_2), "reference");
-    assert!(
-        (fo[0] - ro[0]).abs() as f64 <= bounds[0].out
-            && (fl[0] - rl[0]).abs() as f64 <= bounds[0].lse,
-        "fused {fo:?} {fl:?}, reference {ro:?} {rl:?}, bound {:?}",
-        bounds[0]
+    let r = &c.reference;
+    assert_eq!(
+        (r.out[0], r.lse[0]),
+        (2.0, std::f32::consts::LN_2),
+        "reference"
     );
 }
 
@@ -104,19 +94,18 @@ fn huge_finite_scale_with_zero_scores() {
 #[test]
 fn large_query_times_scale_with_zero_keys() {
     let opts = Options::new().scale(1e30);
-    let (fo, fl, ro, rl, bounds) = both(
+    let c = close(
         Shape::new(1, 1, 1, 1, 2, 1, 1),
         &[1e10],
         &[0.0, 0.0],
         &[1.0, 3.0],
         &opts,
     );
-    assert_eq!((ro[0], rl[0]), (2.0, std::f32::consts::LN_2), "reference");
-    assert!(
-        (fo[0] - ro[0]).abs() as f64 <= bounds[0].out
-            && (fl[0] - rl[0]).abs() as f64 <= bounds[0].lse,
-        "fused {fo:?} {fl:?}, reference {ro:?} {rl:?}, bound {:?}",
-        bounds[0]
+    let r = &c.reference;
+    assert_eq!(
+        (r.out[0], r.lse[0]),
+        (2.0, std::f32::consts::LN_2),
+        "reference"
     );
 }
 
@@ -129,25 +118,19 @@ fn large_query_times_scale_with_zero_keys() {
 #[test]
 fn values_near_f32_max_do_not_overflow() {
     let big = f32::MAX / 3.0;
-    let (fo, _, ro, _, bounds) = both(
+    let c = close(
         Shape::new(1, 1, 1, 1, 3, 1, 1),
         &[0.0],
         &[0.0; 3],
         &[big; 3],
         &Options::new(),
     );
+    let (fo, ro) = (&c.fused.out, &c.reference.out);
     assert!(
         ro[0].is_finite() && fo[0].is_finite(),
         "{} {}",
         ro[0],
         fo[0]
-    );
-    assert!(
-        (f64::from(fo[0]) - f64::from(ro[0])).abs() <= bounds[0].out,
-        "fused {} vs reference {}, bound {:e}",
-        fo[0],
-        ro[0],
-        bounds[0].out
     );
 }
 

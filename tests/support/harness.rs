@@ -11,7 +11,7 @@
 //! crate does not depend on.
 
 pub use super::contract::Outputs;
-use super::contract::{check_against_reference, RowFacts};
+use super::contract::{check_against_reference, RowAt, RowFacts};
 pub use super::differential::Shape;
 pub use super::layout::{Buffer, Layout};
 use super::values::SplitMix;
@@ -245,7 +245,8 @@ pub fn assert_views_close_to_reference(
     opts: &Options,
     label: &str,
 ) -> Comparison {
-    compare::<f32, f32, f32>(&x.q, &x.k, &x.v, out_layout, opts, label)
+    let (q, k, v, finite) = (&x.q, &x.k, &x.v, |_| RowFacts::FINITE);
+    assert_tensors_against_reference::<f32, f32, f32>(q, k, v, out_layout, opts, finite, label)
 }
 
 /// The comparison of [`assert_close_to_reference`] on given results: every row through
@@ -407,19 +408,22 @@ fn typed_check<Q: Element, KV: Element, O: Element>(c: &TypedCall<'_>) -> Compar
         c.k.map(KV::from_f32),
         c.v.map(KV::from_f32),
     );
-    compare::<Q, KV, O>(&q.view(), &k.view(), &v.view(), c.out_layout, c.opts, label)
+    let (q, k, v) = (&q.view(), &k.view(), &v.view());
+    let finite = |_| RowFacts::FINITE;
+    assert_tensors_against_reference::<Q, KV, O>(q, k, v, c.out_layout, c.opts, finite, label)
 }
 
 /// Runs the fused kernel (with and without LSE) and the reference on `q`, `k`, `v` into an
 /// output of type `O`, and checks them: no padding written, `attention` bitwise equal to
-/// `attention_lse`, and every row within `error_bounds(..).for_output::<O>()` through
-/// [`assert_within_bounds`].
-fn compare<Q: Element, KV: Element, O: Element>(
+/// `attention_lse`, and every row through [`check_against_reference`] against
+/// `error_bounds(..).for_output::<O>()` under what `facts` says of its inputs.
+pub fn assert_tensors_against_reference<Q: Element, KV: Element, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
     out_layout: Layout,
     opts: &Options,
+    facts: impl Fn(RowAt) -> RowFacts,
     label: &str,
 ) -> Comparison {
     let run = |path| {
@@ -448,13 +452,13 @@ fn compare<Q: Element, KV: Element, O: Element>(
         "{label}: attention and attention_lse outputs differ"
     );
 
-    let (worst_ratio, empty_rows) = assert_within_bounds(&fused, &reference, &bounds, label);
+    let tally = check_against_reference(&fused, &reference, &bounds, facts, label);
     Comparison {
         fused,
         reference,
         bounds,
-        worst_ratio,
-        empty_rows,
+        worst_ratio: tally.worst_ratio,
+        empty_rows: tally.rows_empty,
     }
 }
 
