@@ -34,6 +34,14 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
     }
     /// The slice itself if this type is f32, so the kernels can read it in place.
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// The slice itself if this type is f16 (the kernels convert it with vector instructions).
+    fn as_f16(_: &[Self]) -> Option<&[f16]> {
+        None
+    }
+    /// The slice itself if this type is bf16 (the kernels convert it with vector instructions).
+    fn as_bf16(_: &[Self]) -> Option<&[bf16]> {
+        None
+    }
     /// Converts `src` into `dst` (same length): `half`'s slice conversions, which use the CPU's
     /// conversion instructions (F16C) where it has them.
     fn convert_to_f32(src: &[Self], dst: &mut [f32]);
@@ -76,6 +84,10 @@ impl Element for f16 {
         None
     }
     #[inline(always)]
+    fn as_f16(s: &[Self]) -> Option<&[f16]> {
+        Some(s)
+    }
+    #[inline(always)]
     fn convert_to_f32(src: &[Self], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
@@ -95,6 +107,10 @@ impl Element for bf16 {
     #[inline(always)]
     fn as_f32(_: &[Self]) -> Option<&[f32]> {
         None
+    }
+    #[inline(always)]
+    fn as_bf16(s: &[Self]) -> Option<&[bf16]> {
+        Some(s)
     }
     #[inline(always)]
     fn convert_to_f32(src: &[Self], dst: &mut [f32]) {

@@ -129,6 +129,51 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
     }
 }
 
+/// `out[t][r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row `r < ROWS`,
+/// channels along the lanes: the score kernel for few query rows (decode), where the
+/// transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
+/// loaded once for all rows and each Q vector once for all keys; a horizontal sum per score at
+/// the end, and the channels past the last whole vector in scalar.
+#[inline(always)]
+pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize>(
+    s: S,
+    k: [&[f32]; KEYS],
+    q: &[f32],
+    d: usize,
+) -> [[f32; ROWS]; KEYS] {
+    let lanes = S::LANES;
+    let mut k = k;
+    for row in k.iter_mut() {
+        *row = &row[..d];
+    }
+    let q = &q[..ROWS * d];
+    let whole = d / lanes * lanes;
+    let mut acc = [[s.splat(0.0); ROWS]; KEYS];
+    for p in (0..whole).step_by(lanes) {
+        let mut kv = [s.splat(0.0); KEYS];
+        for (t, v) in kv.iter_mut().enumerate() {
+            *v = s.load(&k[t][p..p + lanes]);
+        }
+        for r in 0..ROWS {
+            let qv = s.load(&q[r * d + p..r * d + p + lanes]);
+            for t in 0..KEYS {
+                acc[t][r] = s.mul_add(kv[t], qv, acc[t][r]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; ROWS]; KEYS];
+    for t in 0..KEYS {
+        for r in 0..ROWS {
+            let mut x = s.reduce_add(acc[t][r]);
+            for p in whole..d {
+                x += k[t][p] * q[r * d + p];
+            }
+            out[t][r] = x;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     //! Both tiles at every height (1 ..= TILE) and width (one or two vectors) on every backend
@@ -199,6 +244,29 @@ mod tests {
         }
     }
 
+    fn check_dots<S: Simd, const KEYS: usize, const ROWS: usize>(s: S) {
+        for d in [1, 13, 2 * S::LANES, 3 * S::LANES + 5] {
+            let keys: Vec<Vec<f32>> = (0..KEYS)
+                .map(|t| (0..d).map(|p| value(31 * t + p + 1)).collect())
+                .collect();
+            let q: Vec<f32> = (0..ROWS * d).map(|x| value(x + 1000)).collect();
+            let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
+            let out = dot_tile::<S, KEYS, ROWS>(s, k, &q, d);
+            for t in 0..KEYS {
+                for r in 0..ROWS {
+                    let want: f64 = (0..d)
+                        .map(|p| f64::from(keys[t][p]) * f64::from(q[r * d + p]))
+                        .sum();
+                    let got = f64::from(out[t][r]);
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "{KEYS}x{ROWS} d={d}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
     struct AllTiles;
     impl Kernel for AllTiles {
         type Output = usize;
@@ -217,6 +285,10 @@ mod tests {
                 )*};
             }
             heights!(1 2 3 4 5 6 7 8 9 10 11 12);
+            check_dots::<S, 4, 1>(s);
+            check_dots::<S, 4, 4>(s);
+            check_dots::<S, 2, 8>(s);
+            check_dots::<S, 1, 3>(s);
             checked
         }
     }

@@ -60,8 +60,13 @@ const MIN_KEYS_PER_SPLIT: usize = 1024;
 pub(crate) struct Blocking {
     /// Query positions per work item (per head).
     pub q_rows: usize,
-    /// Query heads stacked per work item (the GQA group).
+    /// Query heads stacked per work item for one key/value head (the GQA group).
     pub group: usize,
+    /// Key/value heads per work item: 1, except when a head's rows are few (decode), where
+    /// the item takes consecutive kv heads and walks them inside each key block, so that the
+    /// K and V rows of one token (adjacent in the token-major layouts engines use) are read
+    /// together, as one stream, instead of 512-byte pieces 4 KiB apart per head.
+    pub heads: usize,
     /// Keys per key block.
     pub kv_block: usize,
     /// Query/key head size.
@@ -83,13 +88,21 @@ impl Blocking {
         let too_large = Error::ScratchTooLarge { bytes: usize::MAX };
         let group = problem.group();
         let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, problem.n_q.max(1));
+        // Few rows per head: the score kernel runs by channels (`rows ≤ lanes / 2`), and
+        // the item stacks kv heads up to the target rows.
+        let head_rows = q_rows * group;
+        let heads = if by_channels(head_rows, geometry) {
+            (TARGET_ROWS / head_rows).clamp(1, problem.kv_heads.max(1))
+        } else {
+            1
+        };
         let d_v_pad = problem
             .d_v
             .div_ceil(geometry.lanes)
             .checked_mul(geometry.lanes)
             .ok_or(too_large.clone())?;
         let panel = 2 * geometry.lanes;
-        let max_rows = (q_rows * group).div_ceil(panel) * panel;
+        let max_rows = (q_rows * group * heads).div_ceil(panel) * panel;
         // Per key of a block: its K row (read in place), its packed V row and its Sᵀ column.
         let bytes_per_key = problem
             .d_k
@@ -103,6 +116,7 @@ impl Blocking {
         Ok(Blocking {
             q_rows,
             group,
+            heads,
             kv_block,
             d_k: problem.d_k,
             d_v_pad,
@@ -114,18 +128,26 @@ impl Blocking {
     /// than one only when there are too few (batch, kv head, query block) items to occupy the
     /// threads, as in decode. Shape-only, like everything here; at most `MIN_WORK_UNITS` units
     /// in all, which bounds the partial results' memory by 32 items' accumulators.
+    /// An item of several kv heads counts each head's keys.
     pub fn kv_splits(&self, n_kv: usize, items: usize) -> usize {
         if items >= MIN_WORK_UNITS {
             return 1;
         }
         (MIN_WORK_UNITS / items.max(1))
-            .min(n_kv / MIN_KEYS_PER_SPLIT)
+            .min(n_kv.saturating_mul(self.heads) / MIN_KEYS_PER_SPLIT)
             .max(1)
+    }
+
+    /// Whether the scores are computed with channels along the lanes (few rows per kv head:
+    /// decode) rather than with the transposed tile. Shape-only, like everything here: a row's
+    /// result does not depend on the block it falls in.
+    pub fn by_channels(&self) -> bool {
+        by_channels(self.q_rows * self.group, self.geometry)
     }
 
     /// Stacked rows per work item.
     pub fn rows(&self) -> usize {
-        self.q_rows * self.group
+        self.q_rows * self.group * self.heads
     }
 
     /// Rows of one score panel: two vectors.
@@ -138,6 +160,12 @@ impl Blocking {
     pub fn max_panel_rows(&self) -> usize {
         self.rows().div_ceil(self.panel()) * self.panel()
     }
+}
+
+/// Whether `head_rows` query rows per kv head are few enough for the scores by channels: at
+/// most half the lanes, where the transposed tile would leave more than half of them idle.
+fn by_channels(head_rows: usize, geometry: Geometry) -> bool {
+    head_rows <= geometry.lanes / 2
 }
 
 /// Key range `split` of `splits` equal ranges over `0 .. n_kv` (the last ones may be shorter
@@ -175,22 +203,32 @@ mod tests {
     /// The cache model's table (module docs), one row per (backend, head sizes, group).
     #[test]
     fn block_sizes_follow_the_cache_model() {
-        // (H, H_kv, n_q, d_k, d_v, lanes, tile) → (q_rows, group, kv_block, d_v_pad, max rows)
+        // (H, H_kv, n_q, d_k, d_v, lanes, tile)
+        //     → (q_rows, group, kv_block, d_v_pad, max rows, kv heads per item)
         let table = [
-            ((8, 8, 4096, 64, 64, 16, 12), (96, 1, 192, 64, 96)),
-            ((8, 8, 4096, 128, 128, 16, 12), (96, 1, 144, 128, 96)),
-            ((8, 8, 4096, 64, 64, 8, 6), (96, 1, 192, 64, 96)),
-            ((8, 8, 4096, 128, 128, 8, 6), (96, 1, 144, 128, 96)),
-            ((8, 8, 4096, 256, 256, 16, 12), (96, 1, 96, 256, 96)),
-            ((32, 8, 1, 128, 128, 16, 12), (1, 4, 192, 128, 32)),
-            ((32, 8, 4096, 128, 128, 16, 12), (24, 4, 144, 128, 96)),
-            ((12, 4, 100, 80, 40, 8, 6), (32, 3, 192, 40, 96)),
-            ((7, 1, 5, 3, 1, 16, 12), (5, 7, 192, 16, 64)),
-            ((1, 1, 1, 4096, 4096, 16, 12), (1, 1, 48, 4096, 32)),
+            ((8, 8, 4096, 64, 64, 16, 12), (96, 1, 192, 64, 96, 1)),
+            ((8, 8, 4096, 128, 128, 16, 12), (96, 1, 144, 128, 96, 1)),
+            ((8, 8, 4096, 64, 64, 8, 6), (96, 1, 192, 64, 96, 1)),
+            ((8, 8, 4096, 128, 128, 8, 6), (96, 1, 144, 128, 96, 1)),
+            ((8, 8, 4096, 256, 256, 16, 12), (96, 1, 96, 256, 96, 1)),
+            ((32, 8, 1, 128, 128, 16, 12), (1, 4, 192, 128, 32, 8)),
+            ((32, 8, 1, 128, 128, 8, 6), (1, 4, 192, 128, 32, 8)),
+            ((64, 8, 1, 128, 128, 16, 12), (1, 8, 192, 128, 64, 8)),
+            ((32, 8, 4096, 128, 128, 16, 12), (24, 4, 144, 128, 96, 1)),
+            ((12, 4, 100, 80, 40, 8, 6), (32, 3, 192, 40, 96, 1)),
+            ((7, 1, 5, 3, 1, 16, 12), (5, 7, 192, 16, 64, 1)),
+            ((1, 1, 1, 4096, 4096, 16, 12), (1, 1, 48, 4096, 32, 1)),
         ];
         for ((h, hkv, n_q, d_k, d_v, lanes, tile), want) in table {
             let b = blocking(h, hkv, n_q, d_k, d_v, lanes, tile);
-            let got = (b.q_rows, b.group, b.kv_block, b.d_v_pad, b.max_panel_rows());
+            let got = (
+                b.q_rows,
+                b.group,
+                b.kv_block,
+                b.d_v_pad,
+                b.max_panel_rows(),
+                b.heads,
+            );
             assert_eq!(
                 got, want,
                 "H={h} H_kv={hkv} n_q={n_q} d_k={d_k} d_v={d_v} lanes={lanes}"
@@ -205,13 +243,22 @@ mod tests {
 
     #[test]
     fn key_splits_depend_on_the_shape_only() {
-        let b = blocking(32, 8, 1, 128, 128, 16, 12);
+        // Prefill blocks: one kv head per item.
+        let b = blocking(32, 8, 4096, 128, 128, 16, 12);
+        assert_eq!(b.heads, 1);
         assert_eq!(b.kv_splits(32768, 8), 4);
         assert_eq!(b.kv_splits(32768, 1), 32);
         assert_eq!(b.kv_splits(2048, 1), 2);
         assert_eq!(b.kv_splits(1023, 1), 1);
         assert_eq!(b.kv_splits(1 << 20, 32), 1);
         assert_eq!(b.kv_splits(0, 0), 1);
+        // Decode: all 8 kv heads in one item, so each split counts 8 heads' keys.
+        let b = blocking(32, 8, 1, 128, 128, 16, 12);
+        assert_eq!(b.heads, 8);
+        assert_eq!(b.kv_splits(32768, 1), 32);
+        assert_eq!(b.kv_splits(2048, 1), 16);
+        assert_eq!(b.kv_splits(127, 1), 1);
+        assert_eq!(b.kv_splits(usize::MAX, 1), 32);
     }
 
     #[test]

@@ -25,11 +25,12 @@ use super::blocking::Blocking;
 use super::kv::{KeyRange, KvSource, Rows};
 use super::scratch::{Scratch, TileBuffers};
 use crate::element::Element;
-use crate::microkernel::{output_tile, scores_tile};
+use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
 use crate::simd::{exp2, Simd};
 use crate::tensor::Tensor;
 use std::f32::consts::LOG2_E;
+use std::ops::Range;
 
 /// What every work item of one call reads.
 pub(crate) struct Ctx<'a, Q, KV> {
@@ -45,6 +46,8 @@ pub(crate) struct Ctx<'a, Q, KV> {
 pub(crate) struct Item {
     pub batch: usize,
     pub kv_head: usize,
+    /// Key/value heads `kv_head .. kv_head + heads` ([`Blocking::heads`]).
+    pub heads: usize,
     pub q_start: usize,
     pub q_len: usize,
     pub kv_start: usize,
@@ -52,10 +55,10 @@ pub(crate) struct Item {
 }
 
 impl Item {
-    /// Stacked rows: `group × q_len`, row `r` is head `kv_head·group + r / q_len`, query
-    /// position `q_start + r % q_len`.
+    /// Stacked rows: `heads × group × q_len`, row `r` is query head `kv_head·group + r /
+    /// q_len` (of kv head `kv_head + r / (group·q_len)`), query position `q_start + r % q_len`.
     pub fn rows(&self, group: usize) -> usize {
-        group * self.q_len
+        self.heads * group * self.q_len
     }
 
     /// The (query head, query position) of stacked row `r`.
@@ -80,6 +83,9 @@ struct Tiles {
     /// Value head size, and rounded up to whole vectors (the row length of O and packed V).
     d_v: usize,
     d_vp: usize,
+    /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
+    /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
+    by_channels: bool,
 }
 
 /// One key block `j0 .. j1` (absolute key indices).
@@ -117,6 +123,7 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_k: cx.problem.d_k,
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
+        by_channels: bl.by_channels(),
     };
     let Scratch {
         tile, kv, tiles, ..
@@ -125,34 +132,55 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     let Some((first, last)) = visible_ranges(cx, item, &t, tile) else {
         return;
     };
+    let head_rows = item.q_len * bl.group;
     let mut j0 = first;
     while j0 < last {
         let block = Block {
             j0,
             j1: j0 + (last - j0).min(bl.kv_block),
         };
-        let at = KeyRange {
+        // The keys of the block for the item's kv head `g`.
+        let at = |g: usize| KeyRange {
             batch: item.batch,
-            kv_head: item.kv_head,
+            kv_head: item.kv_head + g,
             j0,
             len: block.len(),
         };
-        let keys = cx.kv.keys(at, &mut kv.k);
         // Where every row sees every key of the block, a NaN or ±∞ in V reaches exactly the
         // rows that see it anyway: no need to look for one.
         let isolate = cx.problem.mask.is_some() || !all_rows_see(tile, t.rows, &block);
-        let values = load_values(s, &cx.kv, at, &t, isolate, &mut kv.v, &mut kv.non_finite);
-        *tiles += scores(s, cx, item, &t, &block, keys, tile);
+        if t.by_channels {
+            for g in 0..item.heads {
+                let keys = cx.kv.keys(s, at(g), &mut kv.k);
+                let rows = g * head_rows..(g + 1) * head_rows;
+                *tiles += scores_by_channels(s, &t, &block, keys, rows, tile);
+            }
+            alibi_distances(cx, item, &t, &block, tile);
+            for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
+                if let Some(keys) = panel_keys::<S>(&t, &block, r0, tile) {
+                    modify_scores(s, cx, &t, r0, keys, tile);
+                }
+            }
+        } else {
+            debug_assert_eq!(item.heads, 1);
+            let keys = cx.kv.keys(s, at(0), &mut kv.k);
+            *tiles += scores(s, cx, item, &t, &block, keys, tile);
+        }
         bias_and_masks(cx, item, &t, &block, tile);
         softmax_update(s, &t, &block, tile);
-        output_product(s, &t, &block, values, tile);
-        add_non_finite_values(cx, item, &t, at, &kv.non_finite, &mut kv.v_row, tile);
+        for g in 0..item.heads {
+            let values = load_values(s, &cx.kv, at(g), &t, isolate, &mut kv.v, &mut kv.non_finite);
+            let rows = g * head_rows..(g + 1) * head_rows;
+            output_product(s, &t, &block, values, rows.clone(), tile);
+            let (non_finite, v_row) = (&kv.non_finite, &mut kv.v_row);
+            add_non_finite_values(s, cx, item, &t, at(g), rows, non_finite, v_row, tile);
+        }
         j0 = block.j1;
     }
 }
 
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
-/// is applied to the scores). Padding rows are zero.
+/// is applied to the scores; padding rows are zero), or, for few rows, as rows of `d_k`.
 #[inline(always)]
 fn pack_queries<S: Simd, Q: Element>(
     cx: &Ctx<'_, Q, impl KvSource>,
@@ -164,6 +192,17 @@ fn pack_queries<S: Simd, Q: Element>(
     let group = cx.blocking.group;
     let [qs_b, qs_s, qs_h, qs_d] = cx.q.strides();
     let q = cx.q.data();
+    if t.by_channels {
+        for r in 0..t.rows {
+            let (h, i) = item.row_origin(group, r);
+            let (b, i) = cx.problem.q_row(item.batch, i);
+            let base = b * qs_b + i * qs_s + h * qs_h;
+            for (c, x) in qt[r * t.d_k..(r + 1) * t.d_k].iter_mut().enumerate() {
+                *x = q[base + c * qs_d].to_f32();
+            }
+        }
+        return;
+    }
     qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
     for r in 0..t.rows {
         let (h, i) = item.row_origin(group, r);
@@ -241,7 +280,7 @@ fn load_values<'s, S: Simd>(
             }
         }
         None => {
-            kv.pack_values(at, d_vp, buf);
+            kv.pack_values(s, at, d_vp, buf);
             let rows = Rows::strided(buf, d_vp);
             if !isolate || all_finite(s, rows, at.len, d_vp) {
                 return Rows::strided(buf, d_vp);
@@ -288,8 +327,8 @@ fn all_finite<S: Simd>(s: S, rows: Rows<'_>, len: usize, width: usize) -> bool {
 }
 
 /// `Sᵀ = K · Qᵀ` panel by panel, only over the keys some row of the panel sees, then while the
-/// panel is in L1 the element-wise modifiers in the documented order: scale into the log2
-/// domain, softcap, ALiBi. Returns the number of score tiles computed.
+/// panel is in L1 its element-wise modifiers ([`modify_scores`]). Returns the number of score
+/// tiles computed.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn scores<S: Simd>(
@@ -301,26 +340,15 @@ fn scores<S: Simd>(
     keys: Rows<'_>,
     tile: &mut TileBuffers,
 ) -> u64 {
-    let p = cx.problem;
-    let (lanes, nr, mr) = (S::LANES, 2 * S::LANES, S::TILE);
+    let (nr, mr) = (2 * S::LANES, S::TILE);
     let ld_s = t.ld_s;
-    if p.alibi.is_some() {
-        // The distance of each row's diagonal to the block's first key, computed exactly in
-        // integers and rounded once (exact below 2²⁴), so positions past 2²⁴ lose nothing.
-        for r in 0..t.rows {
-            let (_, i) = item.row_origin(cx.blocking.group, r);
-            tile.alibi_dist[r] = (i as i128 + p.diag_offset(item.batch) - block.j0 as i128) as f32;
-        }
-    }
+    alibi_distances(cx, item, t, block, tile);
     let mut count = 0;
     for r0 in (0..ld_s).step_by(nr) {
-        let r1 = (r0 + nr).min(ld_s);
-        let real = r0.min(t.rows)..r1.min(t.rows);
-        let Some((plo, phi)) =
-            union_range(&tile.lo[real.clone()], &tile.hi[real], block.j0, block.j1)
-        else {
+        let Some((plo, phi)) = panel_keys::<S>(t, block, r0, tile) else {
             continue;
         };
+        let r1 = (r0 + nr).min(ld_s);
         let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
         let mut jj = plo;
         while jj < phi {
@@ -330,30 +358,78 @@ fn scores<S: Simd>(
             count += 1;
             jj += n;
         }
-        // Scaling after the dot product rather than folding `scale` into Q keeps every
-        // representable scaled score exact: a huge scale times zero dot products is 0, not
-        // ∞ · 0; the two multiplies cannot overflow unless |scale · q·k| itself is beyond f32
-        // (or above 2.3e38 in log2 units).
-        let scale = s.splat(p.scale);
-        let log2e = s.splat(LOG2_E);
-        for r in (r0..r1).step_by(lanes) {
-            let dist = s.load(&tile.alibi_dist[r..]);
-            let slope = s.load(&tile.alibi_slope[r..]);
-            for jj in plo..phi {
-                let x = &mut tile.st[jj * ld_s + r..][..lanes];
-                let mut y = s.mul(s.mul(s.load(x), scale), log2e);
-                if let Some(cap) = p.softcap {
-                    y = softcap(s, y, cap);
-                }
-                if p.alibi.is_some() {
-                    let d = s.abs(s.sub(dist, s.splat(jj as f32)));
-                    y = s.sub(y, s.mul(slope, d));
-                }
-                s.store(x, y);
-            }
-        }
+        modify_scores(s, cx, t, r0, (plo, phi), tile);
     }
     count
+}
+
+/// The block keys `[plo, phi)` some row of the score panel starting at row `r0` sees.
+#[inline(always)]
+fn panel_keys<S: Simd>(
+    t: &Tiles,
+    block: &Block,
+    r0: usize,
+    tile: &TileBuffers,
+) -> Option<(usize, usize)> {
+    let r1 = (r0 + 2 * S::LANES).min(t.ld_s);
+    let real = r0.min(t.rows)..r1.min(t.rows);
+    union_range(&tile.lo[real.clone()], &tile.hi[real], block.j0, block.j1)
+}
+
+/// With ALiBi: the distance of each row's diagonal to the block's first key, computed exactly
+/// in integers and rounded once (exact below 2²⁴), so positions past 2²⁴ lose nothing.
+fn alibi_distances(
+    cx: &Ctx<'_, impl Element, impl KvSource>,
+    item: &Item,
+    t: &Tiles,
+    block: &Block,
+    tile: &mut TileBuffers,
+) {
+    let p = cx.problem;
+    if p.alibi.is_some() {
+        for r in 0..t.rows {
+            let (_, i) = item.row_origin(cx.blocking.group, r);
+            tile.alibi_dist[r] = (i as i128 + p.diag_offset(item.batch) - block.j0 as i128) as f32;
+        }
+    }
+}
+
+/// The element-wise modifiers of the scores of keys `[plo, phi)` of the panel starting at row
+/// `r0`, in the documented order: scale into the log2 domain, softcap, ALiBi.
+#[inline(always)]
+fn modify_scores<S: Simd>(
+    s: S,
+    cx: &Ctx<'_, impl Element, impl KvSource>,
+    t: &Tiles,
+    r0: usize,
+    (plo, phi): (usize, usize),
+    tile: &mut TileBuffers,
+) {
+    let p = cx.problem;
+    let (lanes, ld_s) = (S::LANES, t.ld_s);
+    let r1 = (r0 + 2 * lanes).min(ld_s);
+    // Scaling after the dot product rather than folding `scale` into Q keeps every
+    // representable scaled score exact: a huge scale times zero dot products is 0, not
+    // ∞ · 0; the two multiplies cannot overflow unless |scale · q·k| itself is beyond f32
+    // (or above 2.3e38 in log2 units).
+    let scale = s.splat(p.scale);
+    let log2e = s.splat(LOG2_E);
+    for r in (r0..r1).step_by(lanes) {
+        let dist = s.load(&tile.alibi_dist[r..]);
+        let slope = s.load(&tile.alibi_slope[r..]);
+        for jj in plo..phi {
+            let x = &mut tile.st[jj * ld_s + r..][..lanes];
+            let mut y = s.mul(s.mul(s.load(x), scale), log2e);
+            if let Some(cap) = p.softcap {
+                y = softcap(s, y, cap);
+            }
+            if p.alibi.is_some() {
+                let d = s.abs(s.sub(dist, s.splat(jj as f32)));
+                y = s.sub(y, s.mul(slope, d));
+            }
+            s.store(x, y);
+        }
+    }
 }
 
 /// The caller's bias (in log2 units) on each row's visible keys, then `−∞` for every key the
@@ -430,13 +506,14 @@ fn output_product<S: Simd>(
     t: &Tiles,
     block: &Block,
     values: Rows<'_>,
+    rows: Range<usize>,
     tile: &mut TileBuffers,
 ) {
     let (nr, mr) = (2 * S::LANES, S::TILE);
     for col in (0..t.d_vp).step_by(nr) {
         let width = (t.d_vp - col).min(nr);
-        for r0 in (0..t.rows).step_by(mr) {
-            let r1 = (r0 + mr).min(t.rows);
+        for r0 in rows.clone().step_by(mr) {
+            let r1 = (r0 + mr).min(rows.end);
             let Some((glo, ghi)) =
                 union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
             else {
@@ -474,11 +551,14 @@ fn output_product<S: Simd>(
 /// Adds `p_ij · v_j` for the value rows [`load_values`] set aside (NaN or ±∞ entries) to the
 /// rows that see key `j` (its causal/window/length range and the boolean mask; a `−∞` bias
 /// leaves the key seen with weight 0, so `0 · NaN` reaches the row, as in the reference).
-fn add_non_finite_values(
+#[allow(clippy::too_many_arguments)]
+fn add_non_finite_values<S: Simd>(
+    s: S,
     cx: &Ctx<'_, impl Element, impl KvSource>,
     item: &Item,
     t: &Tiles,
     at: KeyRange,
+    rows: Range<usize>,
     non_finite: &[usize],
     v_row: &mut [f32],
     tile: &mut TileBuffers,
@@ -494,11 +574,11 @@ fn add_non_finite_values(
         let v: &[f32] = match cx.kv.values_in_place(one, t.d_vp) {
             Some(rows) => rows.row(0, t.d_v),
             None => {
-                cx.kv.pack_values(one, t.d_vp, v_row);
+                cx.kv.pack_values(s, one, t.d_vp, v_row);
                 &v_row[..t.d_v]
             }
         };
-        for r in 0..t.rows {
+        for r in rows.clone() {
             let (h, i) = item.row_origin(cx.blocking.group, r);
             let in_range = tile.lo[r] <= j && j < tile.hi[r];
             if !in_range
@@ -582,6 +662,77 @@ fn score_keys<S: Simd>(
         };
     }
     tiles!(1 2 3 4 5 6 7 8 9 10 11 12)
+}
+
+/// The dot products of the stacked `rows` (those of one kv head, at most `LANES / 2`; Q packed
+/// as rows) with the block's `keys`, over the keys some of them sees, with [`dot_tile`] into
+/// Sᵀ. Returns the number of tiles computed.
+#[inline(always)]
+fn scores_by_channels<S: Simd>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    keys: Rows<'_>,
+    rows: Range<usize>,
+    tile: &mut TileBuffers,
+) -> u64 {
+    let Some(range) = union_range(
+        &tile.lo[rows.clone()],
+        &tile.hi[rows.clone()],
+        block.j0,
+        block.j1,
+    ) else {
+        return 0;
+    };
+    let q = &tile.qt[rows.start * t.d_k..rows.end * t.d_k];
+    let st = &mut tile.st[rows.start..];
+    macro_rules! rows {
+        ($($rows:literal => $keys:literal),*) => {
+            match rows.len() {
+                $($rows if $rows <= S::LANES / 2 => {
+                    dots::<S, $keys, $rows>(s, keys, range, q, t.d_k, st, t.ld_s)
+                })*
+                n => unreachable!("{n} rows by channels"),
+            }
+        };
+    }
+    // Up to 16 accumulators: four keys at a time for up to four rows, two beyond.
+    rows!(1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 2, 6 => 2, 7 => 2, 8 => 2)
+}
+
+/// [`scores_by_channels`] for `ROWS` rows, `KEYS` keys per tile (then one at a time): row `r`
+/// of key `jj` goes to `st[jj · ld_s + r]`.
+#[inline(always)]
+fn dots<S: Simd, const KEYS: usize, const ROWS: usize>(
+    s: S,
+    keys: Rows<'_>,
+    (plo, phi): (usize, usize),
+    q: &[f32],
+    d: usize,
+    st: &mut [f32],
+    ld_s: usize,
+) -> u64 {
+    let mut count = 0;
+    let mut jj = plo;
+    while jj + KEYS <= phi {
+        let mut k: [&[f32]; KEYS] = [&[]; KEYS];
+        for (t, row) in k.iter_mut().enumerate() {
+            *row = keys.row(jj + t, d);
+        }
+        let out = dot_tile::<S, KEYS, ROWS>(s, k, q, d);
+        for (t, scores) in out.iter().enumerate() {
+            st[(jj + t) * ld_s..][..ROWS].copy_from_slice(scores);
+        }
+        jj += KEYS;
+        count += 1;
+    }
+    while jj < phi {
+        let out = dot_tile::<S, 1, ROWS>(s, [keys.row(jj, d)], q, d);
+        st[jj * ld_s..][..ROWS].copy_from_slice(&out[0]);
+        jj += 1;
+        count += 1;
+    }
+    count
 }
 
 /// [`output_tile`] for `rows ≤ TILE` rows and `width` (one or two vectors) columns.

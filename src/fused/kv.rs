@@ -8,6 +8,7 @@
 //! loop.
 
 use crate::element::Element;
+use crate::simd::Simd;
 use crate::tensor::Tensor;
 
 /// A block of f32 rows, `width` values each: row `j` starts at `data[j · ld]` (`ld` may be 0:
@@ -94,7 +95,7 @@ pub(crate) trait KvSource: Sync {
     fn packs_keys(&self) -> bool;
 
     /// The K rows (`d_k` values each) of `at`: in place, or written to `buf`.
-    fn keys<'s>(&'s self, at: KeyRange, buf: &'s mut [f32]) -> Rows<'s>;
+    fn keys<'s, S: Simd>(&'s self, s: S, at: KeyRange, buf: &'s mut [f32]) -> Rows<'s>;
 
     /// The V rows of `at` in place, if the storage already holds them as f32 rows of
     /// `d_v_pad` values (so `d_v = d_v_pad`, no padding columns); `None` otherwise.
@@ -103,7 +104,31 @@ pub(crate) trait KvSource: Sync {
     /// Writes the V rows of `at` to `buf` as rows of `d_v_pad` values (`buf` holds at least
     /// `at.len × d_v_pad`); only the first `d_v` columns of each row are written, so padding
     /// columns keep their zeros.
-    fn pack_values(&self, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
+    fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
+}
+
+/// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.
+#[inline(always)]
+fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
+    let lanes = S::LANES;
+    let whole = dst.len() / lanes * lanes;
+    let (head, tail) = dst.split_at_mut(whole);
+    if let Some(x) = T::as_f32(src) {
+        head.copy_from_slice(&x[..whole]);
+    } else if let Some(x) = T::as_f16(src) {
+        for (d, c) in head.chunks_exact_mut(lanes).zip(x.chunks_exact(lanes)) {
+            s.store(d, s.load_f16(c));
+        }
+    } else if let Some(x) = T::as_bf16(src) {
+        for (d, c) in head.chunks_exact_mut(lanes).zip(x.chunks_exact(lanes)) {
+            s.store(d, s.load_bf16(c));
+        }
+    } else {
+        T::convert_to_f32(&src[..whole], head);
+    }
+    for (d, x) in tail.iter_mut().zip(&src[whole..]) {
+        *d = x.to_f32();
+    }
 }
 
 /// Where key `j` of sequence `b` lies in the K and V tensors: its `(index along dim 0, index
@@ -164,9 +189,9 @@ impl<T: Element> TensorKv<'_, T> {
 
     /// Converts row `base` of `t` (`dst.len()` values, channel stride `sd`) into `dst`.
     #[inline(always)]
-    fn convert_row(data: &[T], base: usize, sd: usize, dst: &mut [f32]) {
+    fn convert_row<S: Simd>(s: S, data: &[T], base: usize, sd: usize, dst: &mut [f32]) {
         if sd == 1 {
-            T::convert_to_f32(&data[base..base + dst.len()], dst);
+            convert(s, &data[base..base + dst.len()], dst);
         } else {
             for (x, d) in dst.iter_mut().enumerate() {
                 *d = data[base + x * sd].to_f32();
@@ -176,6 +201,30 @@ impl<T: Element> TensorKv<'_, T> {
 }
 
 impl<T: Element> TensorKv<'_, T> {
+    /// Prefetches row `j` of the next block of `t` (key `at.j0 + at.len + j`), if it exists.
+    #[inline(always)]
+    fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, j: usize) {
+        let [d0, d1, _, width] = t.dims();
+        let [sb, ss, sh, sd] = t.strides();
+        let key = at.j0 + at.len + j;
+        let (b, row) = match self.map {
+            RowMap::Dense => (at.batch, key),
+            RowMap::Packed(cu) => (0, cu[at.batch] + key),
+            RowMap::Paged { .. } => return,
+        };
+        if b >= d0 || row >= d1 || sd != 1 {
+            return;
+        }
+        // Inside the view's validated span: every index is inside its dims.
+        let p = t
+            .data()
+            .as_ptr()
+            .wrapping_add(b * sb + row * ss + at.kv_head * sh);
+        for line in (0..width * std::mem::size_of::<T>()).step_by(64) {
+            crate::simd::prefetch(p.cast::<u8>().wrapping_add(line));
+        }
+    }
+
     /// The rows of `at` read in place from `t`, if it holds f32 with unit channel stride.
     #[inline(always)]
     fn in_place<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s>> {
@@ -214,15 +263,22 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
     }
 
     #[inline(always)]
-    fn keys<'s>(&'s self, at: KeyRange, buf: &'s mut [f32]) -> Rows<'s> {
+    fn keys<'s, S: Simd>(&'s self, s: S, at: KeyRange, buf: &'s mut [f32]) -> Rows<'s> {
         if let Some(rows) = self.in_place(&self.k, at) {
             return rows;
         }
         let d_k = self.k.dims()[3];
         let ks_d = self.k.strides()[3];
         for j in 0..at.len {
+            self.prefetch_row(&self.k, at, j);
             let base = self.row_offset(&self.k, at, j);
-            Self::convert_row(self.k.data(), base, ks_d, &mut buf[j * d_k..(j + 1) * d_k]);
+            Self::convert_row(
+                s,
+                self.k.data(),
+                base,
+                ks_d,
+                &mut buf[j * d_k..(j + 1) * d_k],
+            );
         }
         Rows::strided(buf, d_k)
     }
@@ -237,16 +293,17 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
     }
 
     #[inline(always)]
-    fn pack_values(&self, at: KeyRange, d_v_pad: usize, buf: &mut [f32]) {
+    fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]) {
         let d_v = self.v.dims()[3];
         if d_v == 0 {
             return; // the view may be empty, with any strides: nothing to read
         }
         let vs_d = self.v.strides()[3];
         for j in 0..at.len {
+            self.prefetch_row(&self.v, at, j);
             let base = self.row_offset(&self.v, at, j);
             let row = &mut buf[j * d_v_pad..j * d_v_pad + d_v];
-            Self::convert_row(self.v.data(), base, vs_d, row);
+            Self::convert_row(s, self.v.data(), base, vs_d, row);
         }
     }
 }

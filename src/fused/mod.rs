@@ -54,6 +54,8 @@ struct Schedule<'p> {
     q_blocks: usize,
     splits: usize,
     q_rows: usize,
+    /// Key/value heads per item ([`Blocking::heads`]).
+    heads: usize,
 }
 
 impl<'p> Schedule<'p> {
@@ -67,6 +69,7 @@ impl<'p> Schedule<'p> {
             q_blocks,
             splits: 1,
             q_rows: blocking.q_rows,
+            heads: blocking.heads,
         };
         let items = sched.items();
         if blocking.kv_splits(problem.n_kv, items) > 1 {
@@ -85,18 +88,23 @@ impl<'p> Schedule<'p> {
         sched
     }
 
-    /// Work items: (batch, kv head, query block). Cannot overflow: the output view (or, with
-    /// d_v = 0, the LSE slice) holds one element per (batch, head, query row), at least as many.
-    fn items(&self) -> usize {
-        self.problem.batch * self.problem.kv_heads * self.q_blocks
+    /// Groups of kv heads per batch entry.
+    fn head_groups(&self) -> usize {
+        self.problem.kv_heads.div_ceil(self.heads)
     }
 
-    /// (batch, kv head, first query row, query rows) of item `index`.
+    /// Work items: (batch, kv heads, query block). Cannot overflow: the output view (or, with
+    /// d_v = 0, the LSE slice) holds one element per (batch, head, query row), at least as many.
+    fn items(&self) -> usize {
+        self.problem.batch * self.head_groups() * self.q_blocks
+    }
+
+    /// (batch, first kv head, first query row, query rows) of item `index`.
     fn coords(&self, index: usize) -> (usize, usize, usize, usize) {
         let p = self.problem;
         let q_block = index % self.q_blocks;
-        let kv_head = (index / self.q_blocks) % p.kv_heads;
-        let batch = index / (self.q_blocks * p.kv_heads);
+        let kv_head = (index / self.q_blocks) % self.head_groups() * self.heads;
+        let batch = index / (self.q_blocks * self.head_groups());
         let q_start = q_block * self.q_rows;
         // Packed batches: blocks past a shorter sequence's end are empty.
         let q_len = self.q_rows.min(p.q_len(batch).saturating_sub(q_start));
@@ -134,6 +142,7 @@ impl<'p> Schedule<'p> {
         Item {
             batch,
             kv_head,
+            heads: self.heads.min(self.problem.kv_heads - kv_head),
             q_start,
             q_len,
             kv_start,

@@ -2,17 +2,22 @@
 
 use super::{Kernel, Simd};
 use core::arch::x86_64::*;
+use half::{bf16, f16};
 
-/// Proof that the running CPU supports AVX2 and FMA: the only constructor is [`Avx2Fma::detect`].
+/// Proof that the running CPU supports AVX2, FMA and F16C (every AVX2 CPU has F16C): the only
+/// constructor is [`Avx2Fma::detect`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx2Fma {
     _proof: (),
 }
 
 impl Avx2Fma {
-    /// The token, if the CPU supports AVX2 and FMA (`std` caches the CPUID query).
+    /// The token, if the CPU supports AVX2, FMA and F16C (`std` caches the CPUID query).
     pub fn detect() -> Option<Self> {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             Some(Self { _proof: () })
         } else {
             None
@@ -22,7 +27,7 @@ impl Avx2Fma {
 
 /// The entry point that gives the kernel body AVX2 + FMA code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the features on.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn run_with_features<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
     kernel.run(simd)
 }
@@ -30,11 +35,11 @@ fn run_with_features<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
 /// Runs `kernel` with AVX2 + FMA code generation.
 #[inline]
 pub(crate) fn run<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
-    // SAFETY: an `Avx2Fma` value exists only if `detect` found both features on this CPU.
+    // SAFETY: an `Avx2Fma` value exists only if `detect` found the features on this CPU.
     unsafe { run_with_features(simd, kernel) }
 }
 
-// SAFETY (for every `unsafe` block below): the intrinsics need AVX2/FMA, which the existence of
+// SAFETY (for every `unsafe` block below): the intrinsics need AVX2/FMA/F16C, which the existence of
 // `self: Avx2Fma` proves; loads and stores go through slices whose length is checked first.
 impl Simd for Avx2Fma {
     type V = __m256;
@@ -101,6 +106,30 @@ impl Simd for Avx2Fma {
         unsafe {
             let biased = _mm256_cvtps_epi32(_mm256_add_ps(n, _mm256_set1_ps(127.0)));
             _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased))
+        }
+    }
+    #[inline(always)]
+    fn reduce_add(self, a: __m256) -> f32 {
+        unsafe {
+            let x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_add_ss(x, _mm_movehdup_ps(x));
+            _mm_cvtss_f32(x)
+        }
+    }
+    #[inline(always)]
+    fn load_f16(self, s: &[f16]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: 8 readable f16s = 16 bytes (checked above); unaligned load.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    fn load_bf16(self, s: &[bf16]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: 8 readable bf16s = 16 bytes (checked above); unaligned load.
+        unsafe {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use super::{Kernel, Simd};
 use core::arch::x86_64::*;
+use half::{bf16, f16};
 
 /// Proof that the running CPU supports AVX-512F (and FMA, which AVX-512F implies for 512-bit
 /// vectors): the only constructor is [`Avx512::detect`].
@@ -98,6 +99,26 @@ impl Simd for Avx512 {
         unsafe {
             let biased = _mm512_cvtps_epi32(_mm512_add_ps(n, _mm512_set1_ps(127.0)));
             _mm512_castsi512_ps(_mm512_slli_epi32::<23>(biased))
+        }
+    }
+    #[inline(always)]
+    fn reduce_add(self, a: __m512) -> f32 {
+        unsafe { _mm512_reduce_add_ps(a) }
+    }
+    #[inline(always)]
+    fn load_f16(self, s: &[f16]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: 16 readable f16s = 32 bytes (checked above); unaligned load; vcvtph2ps on
+        // zmm registers is AVX-512F.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    fn load_bf16(self, s: &[bf16]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: 16 readable bf16s = 32 bytes (checked above); unaligned load.
+        unsafe {
+            let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(s.as_ptr().cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
         }
     }
 }

@@ -24,6 +24,7 @@ pub(crate) use avx2::Avx2Fma;
 pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 
+use half::{bf16, f16};
 use std::sync::OnceLock;
 
 /// f32 lanes and the operations the micro-kernels need.
@@ -66,6 +67,14 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// `2^n` for lanes holding integers `n` in `[−127, 127]`, built from the exponent bits;
     /// `n = −127` gives exactly 0.
     fn pow2i(self, n: Self::V) -> Self::V;
+    /// The sum of the lanes (in a backend-fixed order).
+    fn reduce_add(self, a: Self::V) -> f32;
+    /// The first `LANES` elements of `s`, converted exactly to f32 (the CPU's conversion
+    /// instructions where it has them).
+    fn load_f16(self, s: &[f16]) -> Self::V;
+    /// The first `LANES` elements of `s`, converted exactly to f32 (the bits shifted into the
+    /// high half).
+    fn load_bf16(self, s: &[bf16]) -> Self::V;
 }
 
 /// Minimax fit of `2^f` on `f ∈ [0, 1)`, degree 6, coefficients of `f^0 … f^6`.
@@ -101,6 +110,20 @@ pub(crate) fn exp2<S: Simd>(s: S, x: S::V) -> S::V {
         p = s.mul_add(p, f, s.splat(c));
     }
     s.mul(p, s.pow2i(n))
+}
+
+/// Asks the CPU to load the cache line holding `p` into its L2 (and L3): a hint that reads
+/// nothing, so any address is fine.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: a prefetch never faults and has no effect visible to the program, whatever the
+    // address (SSE is part of the x86-64 baseline).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast::<i8>());
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = p;
 }
 
 /// The instruction sets the kernels can run on.

@@ -1,6 +1,7 @@
 //! Portable lanes: `wide::f32x8`, compiled for whatever the build targets.
 
 use super::Simd;
+use half::{bf16, f16};
 use wide::{f32x8, i32x8};
 
 /// The always-available backend. Fast only where the build itself enables wide vectors (for
@@ -70,5 +71,25 @@ impl Simd for Portable {
         let biased: i32x8 = (n + f32x8::splat(127.0)).round_int();
         let bits: i32x8 = biased << 23;
         wide::bytemuck::cast(bits)
+    }
+    #[inline(always)]
+    fn reduce_add(self, a: f32x8) -> f32 {
+        a.reduce_add()
+    }
+    #[inline(always)]
+    fn load_f16(self, s: &[f16]) -> f32x8 {
+        let mut lanes = [0.0f32; 8];
+        for (l, x) in lanes.iter_mut().zip(&s[..8]) {
+            *l = x.to_f32();
+        }
+        f32x8::new(lanes)
+    }
+    #[inline(always)]
+    fn load_bf16(self, s: &[bf16]) -> f32x8 {
+        let mut lanes = [0.0f32; 8];
+        for (l, x) in lanes.iter_mut().zip(&s[..8]) {
+            *l = x.to_f32();
+        }
+        f32x8::new(lanes)
     }
 }
