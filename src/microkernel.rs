@@ -24,7 +24,7 @@
 //! Tails use the same code with smaller const sizes (`KEYS`, `ROWS < TILE`, `VECS = 1`); head
 //! sizes are padded to whole vectors by packing, so there are no lane tails.
 
-use crate::simd::Simd;
+use crate::simd::{Lanes, Simd};
 
 /// `out[t][0 .. L·VECS] = Σ_p k[t][p] · qt[p][0 .. L·VECS]` for each key `t < KEYS`, `L` lanes.
 ///
@@ -79,12 +79,12 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
 /// * `o`: the running output accumulator, rows at stride `ld_o`, `L·VECS` columns each.
 #[allow(clippy::too_many_arguments)] // one tile's operands; a struct would only rename them
 #[inline(always)]
-pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
+pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lanes>(
     s: S,
     pt: &[f32],
     ld_p: usize,
     c: usize,
-    v: &[f32],
+    v: &[E],
     ld_v: usize,
     alpha: &[f32],
     o: &mut [f32],
@@ -110,7 +110,7 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
             let vj = unsafe { v.get_unchecked(j * ld_v..j * ld_v + width) };
             let mut vv = [s.splat(0.0); VECS];
             for (x, vx) in vv.iter_mut().enumerate() {
-                *vx = s.load(&vj[x * lanes..(x + 1) * lanes]);
+                *vx = E::load(s, &vj[x * lanes..(x + 1) * lanes]);
             }
             for (r, a) in acc.iter_mut().enumerate() {
                 // SAFETY: j·ld_p + r < (c−1)·ld_p + ROWS ≤ pt.len(), checked above.
@@ -132,12 +132,12 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize>(
 /// `out[t][r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row `r < ROWS`,
 /// channels along the lanes: the score kernel for few query rows (decode), where the
 /// transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
-/// loaded once for all rows and each Q vector once for all keys; a horizontal sum per score at
+/// loaded (and converted) once for all rows and each Q vector once for all keys; a horizontal sum per score at
 /// the end, and the channels past the last whole vector in scalar.
 #[inline(always)]
-pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize>(
+pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     s: S,
-    k: [&[f32]; KEYS],
+    k: [&[E]; KEYS],
     q: &[f32],
     d: usize,
 ) -> [[f32; ROWS]; KEYS] {
@@ -152,7 +152,7 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize>(
     for p in (0..whole).step_by(lanes) {
         let mut kv = [s.splat(0.0); KEYS];
         for (t, v) in kv.iter_mut().enumerate() {
-            *v = s.load(&k[t][p..p + lanes]);
+            *v = E::load(s, &k[t][p..p + lanes]);
         }
         for r in 0..ROWS {
             let qv = s.load(&q[r * d + p..r * d + p + lanes]);
@@ -166,7 +166,7 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize>(
         for r in 0..ROWS {
             let mut x = s.reduce_add(acc[t][r]);
             for p in whole..d {
-                x += k[t][p] * q[r * d + p];
+                x += k[t][p].scalar() * q[r * d + p];
             }
             out[t][r] = x;
         }
@@ -223,7 +223,7 @@ mod tests {
             let alpha: Vec<f32> = (0..ROWS).map(|r| 0.5 + r as f32 * 0.125).collect();
             let o0: Vec<f32> = (0..ROWS * ld_o).map(|x| value(x + 555)).collect();
             let mut o = o0.clone();
-            output_tile::<S, ROWS, VECS>(s, &pt, ld_p, c, &v, ld_v, &alpha, &mut o, ld_o);
+            output_tile::<S, ROWS, VECS, f32>(s, &pt, ld_p, c, &v, ld_v, &alpha, &mut o, ld_o);
             for r in 0..ROWS {
                 for x in 0..ld_o {
                     let got = o[r * ld_o + x];
@@ -251,7 +251,7 @@ mod tests {
                 .collect();
             let q: Vec<f32> = (0..ROWS * d).map(|x| value(x + 1000)).collect();
             let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
-            let out = dot_tile::<S, KEYS, ROWS>(s, k, &q, d);
+            let out = dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d);
             for t in 0..KEYS {
                 for r in 0..ROWS {
                     let want: f64 = (0..d)

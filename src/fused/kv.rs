@@ -10,12 +10,13 @@
 use crate::element::Element;
 use crate::simd::Simd;
 use crate::tensor::Tensor;
+use half::{bf16, f16};
 
-/// A block of f32 rows, `width` values each: row `j` starts at `data[j · ld]` (`ld` may be 0:
-/// one row repeated), or, for rows read in place from a paged cache, at its page's offset.
-#[derive(Clone, Copy)]
-pub(crate) struct Rows<'s> {
-    data: &'s [f32],
+/// A block of rows (f32, or, read in place, the storage's type `E`), `width` values each: row
+/// `j` starts at `data[j · ld]` (`ld` may be 0: one row repeated), or, for rows read in place
+/// from a paged cache, at its page's offset.
+pub(crate) struct Rows<'s, E = f32> {
+    data: &'s [E],
     /// Elements between adjacent rows.
     pub ld: usize,
     pages: Option<Pages<'s>>,
@@ -35,9 +36,16 @@ struct Pages<'s> {
     head: usize,
 }
 
-impl<'s> Rows<'s> {
+impl<E> Clone for Rows<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Rows<'_, E> {}
+
+impl<'s, E> Rows<'s, E> {
     /// Rows `ld` apart from the start of `data`.
-    pub fn strided(data: &'s [f32], ld: usize) -> Self {
+    pub fn strided(data: &'s [E], ld: usize) -> Self {
         Rows {
             data,
             ld,
@@ -63,19 +71,49 @@ impl<'s> Rows<'s> {
 
     /// Row `j`, `width` values.
     #[inline(always)]
-    pub fn row(&self, j: usize, width: usize) -> &'s [f32] {
+    pub fn row(&self, j: usize, width: usize) -> &'s [E] {
         &self.data[self.start(j)..][..width]
     }
 
     /// The rows from `j` on that are adjacent in memory (`ld` apart), at most `limit`: the
     /// data from row `j` and their count (≥ 1 when `limit ≥ 1`).
     #[inline(always)]
-    pub fn run(&self, j: usize, limit: usize) -> (&'s [f32], usize) {
+    pub fn run(&self, j: usize, limit: usize) -> (&'s [E], usize) {
         let n = match self.pages {
             None => limit,
             Some(p) => limit.min(p.page_size - (p.first + j) % p.page_size),
         };
         (&self.data[self.start(j)..], n)
+    }
+}
+
+impl<'s, E> Rows<'s, E> {
+    /// The same rows over `data`, which is the same memory as `self.data` seen as another
+    /// element type (what [`Element::as_f16`] and friends return).
+    fn retype<F>(self, data: &'s [F]) -> Rows<'s, F> {
+        Rows {
+            data,
+            ld: self.ld,
+            pages: self.pages,
+        }
+    }
+}
+
+/// Half-precision rows read in place, converted by the micro-kernels as they load them (f32
+/// rows in place are plain [`Rows`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Native<'s> {
+    F16(Rows<'s, f16>),
+    Bf16(Rows<'s, bf16>),
+}
+
+impl<'s> Native<'s> {
+    fn of<T: Element>(rows: Rows<'s, T>) -> Option<Self> {
+        if let Some(x) = T::as_f16(rows.data) {
+            Some(Native::F16(rows.retype(x)))
+        } else {
+            T::as_bf16(rows.data).map(|x| Native::Bf16(rows.retype(x)))
+        }
     }
 }
 
@@ -105,6 +143,18 @@ pub(crate) trait KvSource: Sync {
     /// `at.len × d_v_pad`); only the first `d_v` columns of each row are written, so padding
     /// columns keep their zeros.
     fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
+
+    /// The K rows of `at` in place, if the storage holds them in a half-precision type with
+    /// unit channel stride.
+    fn keys_native(&self, at: KeyRange) -> Option<Native<'_>>;
+
+    /// The V rows of `at` in place, if the storage holds them in a half-precision type with
+    /// unit channel stride, and `d_v = d_v_pad`.
+    fn values_native(&self, at: KeyRange, d_v_pad: usize) -> Option<Native<'_>>;
+
+    /// Asks the CPU to start loading the K (and, for half types, V) rows of `at` (a hint:
+    /// nothing is read; paged caches are not prefetched).
+    fn prefetch(&self, at: KeyRange);
 }
 
 /// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.
@@ -201,12 +251,11 @@ impl<T: Element> TensorKv<'_, T> {
 }
 
 impl<T: Element> TensorKv<'_, T> {
-    /// Prefetches row `j` of the next block of `t` (key `at.j0 + at.len + j`), if it exists.
+    /// Prefetches the row of key `key` of (batch, kv head) of `at` in `t`, if the tensor has it.
     #[inline(always)]
-    fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, j: usize) {
+    fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, key: usize) {
         let [d0, d1, _, width] = t.dims();
         let [sb, ss, sh, sd] = t.strides();
-        let key = at.j0 + at.len + j;
         let (b, row) = match self.map {
             RowMap::Dense => (at.batch, key),
             RowMap::Packed(cu) => (0, cu[at.batch] + key),
@@ -228,8 +277,18 @@ impl<T: Element> TensorKv<'_, T> {
     /// The rows of `at` read in place from `t`, if it holds f32 with unit channel stride.
     #[inline(always)]
     fn in_place<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s>> {
+        let rows = self.rows_of(t, at)?;
+        Some(rows.retype(T::as_f32(rows.data)?))
+    }
+
+    /// The rows of `at` in place in `t`, in its element type, if its channel stride is 1.
+    #[inline(always)]
+    fn rows_of<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s, T>> {
         let [s0, s1, s2, s3] = t.strides();
-        let data = T::as_f32(t.data()).filter(|_| s3 == 1)?;
+        let data = t.data();
+        if s3 != 1 {
+            return None;
+        }
         Some(match self.map {
             RowMap::Dense | RowMap::Packed(_) => {
                 Rows::strided(&data[self.row_offset(t, at, 0)..], s1)
@@ -270,7 +329,6 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
         let d_k = self.k.dims()[3];
         let ks_d = self.k.strides()[3];
         for j in 0..at.len {
-            self.prefetch_row(&self.k, at, j);
             let base = self.row_offset(&self.k, at, j);
             Self::convert_row(
                 s,
@@ -300,10 +358,37 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
         }
         let vs_d = self.v.strides()[3];
         for j in 0..at.len {
-            self.prefetch_row(&self.v, at, j);
             let base = self.row_offset(&self.v, at, j);
             let row = &mut buf[j * d_v_pad..j * d_v_pad + d_v];
             Self::convert_row(s, self.v.data(), base, vs_d, row);
+        }
+    }
+
+    #[inline(always)]
+    fn keys_native(&self, at: KeyRange) -> Option<Native<'_>> {
+        Native::of(self.rows_of(&self.k, at)?)
+    }
+
+    #[inline(always)]
+    fn values_native(&self, at: KeyRange, d_v_pad: usize) -> Option<Native<'_>> {
+        let d_v = self.v.dims()[3];
+        if d_v != d_v_pad || d_v == 0 {
+            return None;
+        }
+        Native::of(self.rows_of(&self.v, at)?)
+    }
+
+    #[inline(always)]
+    fn prefetch(&self, at: KeyRange) {
+        // V rows too only for half types: with f32 V (read in place by the output tile's
+        // column panels) the extra requests cost more than they hid (measured 75% → 65% of
+        // the read bandwidth; K alone: no change).
+        let values = std::mem::size_of::<T>() < 4;
+        for key in at.j0..at.j0 + at.len {
+            self.prefetch_row(&self.k, at, key);
+            if values {
+                self.prefetch_row(&self.v, at, key);
+            }
         }
     }
 }

@@ -77,6 +77,48 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn load_bf16(self, s: &[bf16]) -> Self::V;
 }
 
+/// A type the kernels read K and V rows in, converted to f32 lanes as they are loaded: `f32`,
+/// `f16`, `bf16`. (Per-ISA conversion stays in [`Simd`]; this only picks the method.)
+pub(crate) trait Lanes: Copy + Send + Sync + 'static {
+    /// The first `S::LANES` elements of `x` as f32 lanes (exact).
+    fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
+    /// The value as f32 (exact).
+    fn scalar(self) -> f32;
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
+        s.load(x)
+    }
+    #[inline(always)]
+    fn scalar(self) -> f32 {
+        self
+    }
+}
+
+impl Lanes for f16 {
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[f16]) -> S::V {
+        s.load_f16(x)
+    }
+    #[inline(always)]
+    fn scalar(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Lanes for bf16 {
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[bf16]) -> S::V {
+        s.load_bf16(x)
+    }
+    #[inline(always)]
+    fn scalar(self) -> f32 {
+        self.to_f32()
+    }
+}
+
 /// Minimax fit of `2^f` on `f ∈ [0, 1)`, degree 6, coefficients of `f^0 … f^6`.
 /// Evaluated in f32 by Horner's rule its relative error is below 1e-7 (measured 8.4e-8 over a
 /// dense grid, about 0.7 ulp), well under the other rounding in a softmax.
