@@ -20,6 +20,11 @@
 //! * [`scores_tile`]: `Sᵀ[TILE keys × 2·LANES rows] = K[TILE × d_k] · Qᵀ[d_k × 2·LANES]`.
 //! * [`output_tile`]: `O[TILE rows × 2·LANES] = α ⊙ O + P[TILE × c] · V[c × 2·LANES]`, the
 //!   rescaling `α` of the online softmax fused into the load of the accumulators.
+//! * [`dot_tile`]: decode's scores, channels along the lanes (few query rows per kv head,
+//!   where the transposed tile would leave most lanes idle).
+//!
+//! The output and dot tiles read K/V rows of any [`Lanes`] type (f32, f16, bf16), converted
+//! to f32 as they are loaded, so decode reads half-precision caches in place.
 //!
 //! Tails use the same code with smaller const sizes (`KEYS`, `ROWS < TILE`, `VECS = 1`); head
 //! sizes are padded to whole vectors by packing, so there are no lane tails.

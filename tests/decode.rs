@@ -137,13 +137,22 @@ fn masked_nan<KV: Element>() {
     let mut out = vec![0.0f32; h * d];
     let mut ov = TensorMut::bshd(&mut out, [1, 1, h, d]).unwrap();
     sdpa::attention(&qv, &kv, &vv, &mut ov, &opts).unwrap();
-    assert!(out.iter().all(|x| x.is_finite()), "{}: NaN leaked", KV::NAME);
+    assert!(
+        out.iter().all(|x| x.is_finite()),
+        "{}: NaN leaked",
+        KV::NAME
+    );
     // Without the mask, heads 4..8 (kv head 1) see the NaN in column 3, and only there.
     let mut ov = TensorMut::bshd(&mut out, [1, 1, h, d]).unwrap();
     sdpa::attention(&qv, &kv, &vv, &mut ov, &Options::new()).unwrap();
     for (head, row) in out.chunks(d).enumerate() {
         for (c, x) in row.iter().enumerate() {
-            assert_eq!(x.is_nan(), head >= 4 && c == 3, "{} head {head} column {c}", KV::NAME);
+            assert_eq!(
+                x.is_nan(),
+                head >= 4 && c == 3,
+                "{} head {head} column {c}",
+                KV::NAME
+            );
         }
     }
 }
@@ -169,9 +178,7 @@ fn threads_agree<KV: Element>() {
     let k = to::<KV>(&values(b * n_kv * h_kv * d, 2, 1.0));
     let v = to::<KV>(&values(b * n_kv * h_kv * d, 3, 1.0));
     let lens = [5000usize, 4097, 333];
-    let opts = Options::new()
-        .kv_lens(&lens)
-        .causal(Alignment::BottomRight);
+    let opts = Options::new().kv_lens(&lens).causal(Alignment::BottomRight);
     let run = |threads| {
         let mut out = vec![0.0f32; b * h * d];
         on_threads(threads, || {

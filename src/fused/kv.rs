@@ -3,9 +3,10 @@
 //! The loop of [`super::item`] never indexes K or V itself: for each key block it asks a
 //! [`KvSource`] for the block's K rows and V rows as f32 [`Rows`], either in place (the
 //! caller's memory, when it already is f32 rows with unit stride) or converted/packed into the
-//! worker's buffers. Storage formats — strided f32 tensors today; element types, quantized
-//! caches and paged caches next — are implementations of this one trait, not copies of the
-//! loop.
+//! worker's buffers; the decode path may also take half-precision rows in place ([`Native`])
+//! and convert them as it loads them, and asks the source to prefetch the next block. Storage
+//! formats — strided tensors of every element type, dense, packed or paged ([`RowMap`]); an
+//! 8-bit quantized cache next — are implementations of this one trait, not copies of the loop.
 
 use crate::element::Element;
 use crate::simd::Simd;
