@@ -16,7 +16,8 @@
 //! changes the work, not the buffers), in a rayon pool of one thread and in one of all the
 //! machine's threads, and once more with K/V read from a paged cache (pages of 16 tokens, in
 //! reverse order, one thread), whose extra memory must be the dense call's: the kernel reads
-//! pages in place, it copies nothing per call. One head keeps n = 65536 affordable (about 1.1·10¹² flops) and the
+//! pages in place, it copies nothing per call; and once as decode (the first query row against
+//! all `n` keys, one thread: split-KV partials included). One head keeps n = 65536 affordable (about 1.1·10¹² flops) and the
 //! reference comparable; the reference runs up to `SDPA_MEMORY_REFERENCE_MAX_N` (default 8192:
 //! 512 MiB of scores and about 20 s; each doubling costs 4× the memory and the time).
 //!
@@ -146,6 +147,21 @@ impl Operands {
         })
     }
 
+    /// Peak extra heap of one decode call (the first query row against all `n` keys: split-KV
+    /// from 2048 keys on, so the partial results are counted too), in `pool`.
+    fn peak_decode(&mut self, pool: &ThreadPool) -> usize {
+        let one = [1, 1, HEADS, D];
+        let q = Tensor::bshd(&self.q[..HEADS * D], one).expect("q view");
+        let k = Tensor::bshd(&self.k, self.dims).expect("k view");
+        let v = Tensor::bshd(&self.v, self.dims).expect("v view");
+        let mut out = TensorMut::bshd(&mut self.out[..HEADS * D], one).expect("out view");
+        let opts = Options::new();
+        peak_during(|| {
+            pool.install(|| sdpa::attention(&q, &k, &v, &mut out, &opts))
+                .expect("decode call");
+        })
+    }
+
     /// Bytes of Q, K, V and out together.
     fn bytes(&self) -> usize {
         (self.q.len() + self.k.len() + self.v.len() + self.out.len()) * size_of::<f32>()
@@ -178,6 +194,7 @@ struct Row {
     fused_1t: usize,
     fused_all: usize,
     paged_1t: usize,
+    decode_1t: usize,
 }
 
 fn human(bytes: f64) -> String {
@@ -232,6 +249,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         warm.peak(pool, false);
     }
     warm.peak_paged(&one);
+    warm.peak_decode(&one);
     drop(warm);
 
     let started = Instant::now();
@@ -243,6 +261,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let fused_1t = ops.peak(&one, false);
         let fused_all = ops.peak(&all, false);
         let paged_1t = ops.peak_paged(&one);
+        let decode_1t = ops.peak_decode(&one);
         eprintln!(
             "memory: n = {n:>5} done after {:.1} s",
             started.elapsed().as_secs_f64()
@@ -254,6 +273,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             fused_1t,
             fused_all,
             paged_1t,
+            decode_1t,
         });
         n *= 2;
     }
@@ -301,6 +321,15 @@ fn main() -> Result<(), Box<dyn Error>> {
                 r.paged_1t, r.n, first.paged_1t
             ));
         }
+        // Decode: a smaller scratch (one query row) plus at most 32 split partials of one row
+        // each (32 · (d + 2) · 4 B), inside the slack.
+        if r.decode_1t > scratch + SLACK || r.decode_1t > first.decode_1t + SLACK {
+            problems.push(format!(
+                "decode peak (1 thread) {} B at n = {} is above one scratch ({scratch} B) or \
+                 grows with n (from {} B)",
+                r.decode_1t, r.n, first.decode_1t
+            ));
+        }
         if r.fused_all > threads * scratch + SLACK {
             problems.push(format!(
                 "fused peak ({threads} threads) {} B at n = {} is above {threads} scratches, {} B",
@@ -346,14 +375,14 @@ fn table(rows: &[Row], threads: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "| n | Q+K+V+out | reference | reference model n²·8 | fused, 1 thread | fused, {threads} threads | paged K/V ({PAGE}-token pages), 1 thread | fused model, 1 / {threads} workers | fused 1t − model |"
+        "| n | Q+K+V+out | reference | reference model n²·8 | fused, 1 thread | fused, {threads} threads | paged K/V ({PAGE}-token pages), 1 thread | decode (n_q = 1), 1 thread | fused model, 1 / {threads} workers | fused 1t − model |"
     );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let reference = r.reference.map_or("–".to_string(), |b| human(b as f64));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {:+} B |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {:+} B |",
             r.n,
             human(r.operands as f64),
             reference,
@@ -361,6 +390,7 @@ fn table(rows: &[Row], threads: usize) -> String {
             human(r.fused_1t as f64),
             human(r.fused_all as f64),
             human(r.paged_1t as f64),
+            human(r.decode_1t as f64),
             human(scratch as f64),
             human((threads * scratch) as f64),
             r.fused_1t as i64 - scratch as i64
@@ -371,12 +401,12 @@ fn table(rows: &[Row], threads: usize) -> String {
 
 fn csv(rows: &[Row], threads: usize) -> String {
     let mut s = String::from(
-        "n,heads,d,threads_all,operand_bytes,reference_bytes,reference_model_bytes,fused_1t_bytes,fused_all_bytes,paged_1t_bytes,fused_model_bytes_per_worker\n",
+        "n,heads,d,threads_all,operand_bytes,reference_bytes,reference_model_bytes,fused_1t_bytes,fused_all_bytes,paged_1t_bytes,decode_1t_bytes,fused_model_bytes_per_worker\n",
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{},{HEADS},{D},{threads},{},{},{},{},{},{},{}",
+            "{},{HEADS},{D},{threads},{},{},{},{},{},{},{},{}",
             r.n,
             r.operands,
             r.reference.map_or(String::new(), |b| b.to_string()),
@@ -384,6 +414,7 @@ fn csv(rows: &[Row], threads: usize) -> String {
             r.fused_1t,
             r.fused_all,
             r.paged_1t,
+            r.decode_1t,
             fused_scratch_bytes(HEADS, HEADS, r.n, D, D)
         );
     }
