@@ -150,34 +150,50 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         // rows that see it anyway: no need to look for one.
         let isolate = cx.problem.mask.is_some() || !all_rows_see(tile, t.rows, &block);
         if t.by_channels {
-            for g in 0..item.heads {
-                let rows = g * head_rows..(g + 1) * head_rows;
-                // Half-precision rows are converted as the dot products load them; f32 rows
-                // in place and other storage come through `keys`.
-                // While this head's keys are computed, the next block's rows of the head (same
-                // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
-                // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
-                let next = |jj: usize, n: usize| {
-                    let j0 = block.j0 + bl.kv_block + jj;
-                    let n = n.min(item.kv_end.saturating_sub(j0));
-                    cx.kv.prefetch(KeyRange {
-                        j0,
-                        len: n,
-                        ..at(g)
-                    });
-                };
-                *tiles += match cx.kv.keys_native(at(g)) {
-                    Some(Native::F16(keys)) => {
-                        scores_by_channels(s, &t, &block, keys, rows, tile, next)
-                    }
-                    Some(Native::Bf16(keys)) => {
-                        scores_by_channels(s, &t, &block, keys, rows, tile, next)
-                    }
-                    _ => {
-                        let keys = cx.kv.keys(s, at(g), &mut kv.k);
-                        scores_by_channels(s, &t, &block, keys, rows, tile, next)
-                    }
-                };
+            // Keys in place (f32, or half precision converted as the dot products load them):
+            // tiles of keys outside, heads inside, so that the rows of all the item's heads
+            // for a few tokens — one contiguous stretch of a token-major cache — are read in
+            // address order. Other storage is converted head by head through `keys`.
+            let in_place = cx.kv.keys_native(at(0)).is_some();
+            let (tile_keys, passes) = if in_place {
+                (KEY_TILE, block.len().div_ceil(KEY_TILE))
+            } else {
+                (block.len(), 1)
+            };
+            for pass in 0..passes {
+                let keys = pass * tile_keys..((pass + 1) * tile_keys).min(block.len());
+                for g in 0..item.heads {
+                    let rows = g * head_rows..(g + 1) * head_rows;
+                    // While this head's keys are computed, the next block's rows of the head
+                    // (same offsets, one block ahead) are requested: measured at n_kv = 16384,
+                    // 1 thread, f16 K/V 41% → 54% of the read bandwidth; further ahead was
+                    // slower.
+                    let next = |jj: usize, n: usize| {
+                        let j0 = block.j0 + bl.kv_block + jj;
+                        let n = n.min(item.kv_end.saturating_sub(j0));
+                        cx.kv.prefetch(KeyRange {
+                            j0,
+                            len: n,
+                            ..at(g)
+                        });
+                    };
+                    let range = (keys.clone(), rows);
+                    *tiles += match cx.kv.keys_native(at(g)) {
+                        Some(Native::F32(k)) => {
+                            scores_by_channels(s, &t, &block, k, range, tile, next)
+                        }
+                        Some(Native::F16(k)) => {
+                            scores_by_channels(s, &t, &block, k, range, tile, next)
+                        }
+                        Some(Native::Bf16(k)) => {
+                            scores_by_channels(s, &t, &block, k, range, tile, next)
+                        }
+                        None => {
+                            let k = cx.kv.keys(s, at(g), &mut kv.k);
+                            scores_by_channels(s, &t, &block, k, range, tile, next)
+                        }
+                    };
+                }
             }
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
@@ -533,6 +549,10 @@ fn softmax_update<S: Simd>(s: S, t: &Tiles, block: &Block, tile: &mut TileBuffer
     }
 }
 
+/// Keys per pass over all the heads of a decode item (16 keys × 8 heads × 512 B: 64 KiB of a
+/// token-major f32 cache, read in address order).
+const KEY_TILE: usize = 16;
+
 /// The rescale factor of every accumulator after a block's first run of V rows.
 const ONES: [f32; 16] = [1.0; 16];
 
@@ -705,26 +725,27 @@ fn score_keys<S: Simd>(
 }
 
 /// The dot products of the stacked `rows` (those of one kv head, at most `LANES / 2`; Q packed
-/// as rows) with the block's `keys`, over the keys some of them sees, with [`dot_tile`] into
-/// Sᵀ. Returns the number of tiles computed.
+/// as rows) with the block's `keys` in `of_block` (relative to the block), over those some of
+/// the rows sees, with [`dot_tile`] into Sᵀ. Returns the number of tiles computed.
 #[inline(always)]
 fn scores_by_channels<S: Simd, E: Lanes>(
     s: S,
     t: &Tiles,
     block: &Block,
     keys: Rows<'_, E>,
-    rows: Range<usize>,
+    (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
     prefetch: impl Fn(usize, usize),
 ) -> u64 {
-    let Some(range) = union_range(
+    let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
         &tile.hi[rows.clone()],
-        block.j0,
-        block.j1,
+        block.j0 + of_block.start,
+        block.j0 + of_block.end,
     ) else {
         return 0;
     };
+    let range = (of_block.start + lo, of_block.start + hi);
     let q = &tile.qt[rows.start * t.d_k..rows.end * t.d_k];
     let st = &mut tile.st[rows.start..];
     macro_rules! rows {

@@ -100,17 +100,20 @@ impl<'s, E> Rows<'s, E> {
     }
 }
 
-/// Half-precision rows read in place, converted by the micro-kernels as they load them (f32
-/// rows in place are plain [`Rows`]).
+/// Rows read in place in the storage's element type; half-precision ones are converted by the
+/// micro-kernels as they load them.
 #[derive(Clone, Copy)]
 pub(crate) enum Native<'s> {
+    F32(Rows<'s, f32>),
     F16(Rows<'s, f16>),
     Bf16(Rows<'s, bf16>),
 }
 
 impl<'s> Native<'s> {
     fn of<T: Element>(rows: Rows<'s, T>) -> Option<Self> {
-        if let Some(x) = T::as_f16(rows.data) {
+        if let Some(x) = T::as_f32(rows.data) {
+            Some(Native::F32(rows.retype(x)))
+        } else if let Some(x) = T::as_f16(rows.data) {
             Some(Native::F16(rows.retype(x)))
         } else {
             T::as_bf16(rows.data).map(|x| Native::Bf16(rows.retype(x)))
@@ -145,12 +148,11 @@ pub(crate) trait KvSource: Sync {
     /// columns keep their zeros.
     fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
 
-    /// The K rows of `at` in place, if the storage holds them in a half-precision type with
-    /// unit channel stride.
+    /// The K rows of `at` in place, if the storage holds them with unit channel stride.
     fn keys_native(&self, at: KeyRange) -> Option<Native<'_>>;
 
-    /// The V rows of `at` in place, if the storage holds them in a half-precision type with
-    /// unit channel stride, and `d_v = d_v_pad`.
+    /// The V rows of `at` in place, if the storage holds them with unit channel stride and
+    /// `d_v = d_v_pad`.
     fn values_native(&self, at: KeyRange, d_v_pad: usize) -> Option<Native<'_>>;
 
     /// Asks the CPU to start loading the K (and, for half types, V) rows of `at` (a hint:
