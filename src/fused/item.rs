@@ -22,21 +22,22 @@
 //! scores and never `−∞ − (−∞) = NaN`, with no branch.
 
 use super::blocking::Blocking;
-use super::kv::{KeyRange, KvSource, Native, Rows};
+use super::kv::{KeyRange, KvSource, Rows};
 use super::scratch::{Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
-use crate::simd::{exp2, Lanes, Simd};
+use crate::simd::{exp2, Kernel, Lanes, Simd};
 use crate::tensor::Tensor;
+use half::{bf16, f16};
 use std::f32::consts::LOG2_E;
 use std::ops::Range;
 
-/// What every work item of one call reads.
-pub(crate) struct Ctx<'a, Q, KV> {
+/// What every work item of one call reads (Q apart: only [`pack_queries`] reads it, so the
+/// block loop is compiled once per K/V source, not once per Q type too).
+pub(crate) struct Ctx<'a, KV> {
     pub problem: &'a Problem<'a>,
     pub blocking: Blocking,
-    pub q: Tensor<'a, Q>,
     pub kv: KV,
 }
 
@@ -107,7 +108,8 @@ impl Block {
 #[inline(always)]
 pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     s: S,
-    cx: &Ctx<'_, Q, KV>,
+    cx: &Ctx<'_, KV>,
+    q: &Tensor<'_, Q>,
     item: &Item,
     sc: &mut Scratch,
 ) {
@@ -125,13 +127,59 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_vp: bl.d_v_pad,
         by_channels: bl.by_channels(),
     };
+    pack_queries::<S, Q>(cx, q, item, &t, &mut sc.tile.qt);
+    let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
+        return;
+    };
+    // Its own entry point: compiled once per (backend, K/V source), whatever the Q type.
+    s.run(BlockLoop {
+        cx,
+        item,
+        t,
+        keys: (first, last),
+        sc,
+    });
+}
+
+/// The key-block loop of one work item, over keys `keys.0 .. keys.1`.
+struct BlockLoop<'a, 'c, KV> {
+    cx: &'a Ctx<'c, KV>,
+    item: &'a Item,
+    t: Tiles,
+    keys: (usize, usize),
+    sc: &'a mut Scratch,
+}
+
+impl<KV: KvSource> Kernel for BlockLoop<'_, '_, KV> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let BlockLoop {
+            cx,
+            item,
+            t,
+            keys: (first, last),
+            sc,
+        } = self;
+        block_loop(s, cx, item, t, first, last, sc)
+    }
+}
+
+/// The stages of each key block (module docs).
+#[inline(always)]
+fn block_loop<S: Simd, KV: KvSource>(
+    s: S,
+    cx: &Ctx<'_, KV>,
+    item: &Item,
+    t: Tiles,
+    first: usize,
+    last: usize,
+    sc: &mut Scratch,
+) {
+    let bl = &cx.blocking;
     let Scratch {
         tile, kv, tiles, ..
     } = sc;
-    pack_queries::<S, Q>(cx, item, &t, &mut tile.qt);
-    let Some((first, last)) = visible_ranges(cx, item, &t, tile) else {
-        return;
-    };
     let head_rows = item.q_len * bl.group;
     let mut j0 = first;
     while j0 < last {
@@ -150,51 +198,16 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         // rows that see it anyway: no need to look for one.
         let isolate = cx.problem.mask.is_some() || !all_rows_see(tile, t.rows, &block);
         if t.by_channels {
-            // Keys in place (f32, or half precision converted as the dot products load them):
-            // tiles of keys outside, heads inside, so that the rows of all the item's heads
-            // for a few tokens — one contiguous stretch of a token-major cache — are read in
-            // address order. Other storage is converted head by head through `keys`.
-            let in_place = cx.kv.keys_native(at(0)).is_some();
-            let (tile_keys, passes) = if in_place {
-                (KEY_TILE, block.len().div_ceil(KEY_TILE))
+            // The element type the rows are read in is chosen by constants of the source, so
+            // only its own kernels are compiled for each K/V type.
+            let (k_buf, t_ref) = (&mut kv.k, &t);
+            *tiles += if KV::F16 {
+                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
+            } else if KV::BF16 {
+                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
             } else {
-                (block.len(), 1)
+                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, k_buf, tile)
             };
-            for pass in 0..passes {
-                let keys = pass * tile_keys..((pass + 1) * tile_keys).min(block.len());
-                for g in 0..item.heads {
-                    let rows = g * head_rows..(g + 1) * head_rows;
-                    // While this head's keys are computed, the next block's rows of the head
-                    // (same offsets, one block ahead) are requested: measured at n_kv = 16384,
-                    // 1 thread, f16 K/V 41% → 54% of the read bandwidth; further ahead was
-                    // slower.
-                    let next = |jj: usize, n: usize| {
-                        let j0 = block.j0 + bl.kv_block + jj;
-                        let n = n.min(item.kv_end.saturating_sub(j0));
-                        cx.kv.prefetch(KeyRange {
-                            j0,
-                            len: n,
-                            ..at(g)
-                        });
-                    };
-                    let range = (keys.clone(), rows);
-                    *tiles += match cx.kv.keys_native(at(g)) {
-                        Some(Native::F32(k)) => {
-                            scores_by_channels(s, &t, &block, k, range, tile, next)
-                        }
-                        Some(Native::F16(k)) => {
-                            scores_by_channels(s, &t, &block, k, range, tile, next)
-                        }
-                        Some(Native::Bf16(k)) => {
-                            scores_by_channels(s, &t, &block, k, range, tile, next)
-                        }
-                        None => {
-                            let k = cx.kv.keys(s, at(g), &mut kv.k);
-                            scores_by_channels(s, &t, &block, k, range, tile, next)
-                        }
-                    };
-                }
-            }
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
                 if let Some(keys) = panel_keys::<S>(&t, &block, r0, tile) {
@@ -213,18 +226,21 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
             // Few rows per head (decode): half-precision V rows read in place, converted as
             // the output tile loads them, unless they must be checked for NaN/±∞ and are not
             // all finite.
-            let native = t.by_channels.then(|| cx.kv.values_native(at(g), t.d_vp));
             let len = block.len();
-            match native.flatten() {
-                Some(Native::F16(v)) if !isolate || all_finite(s, v, len, t.d_vp) => {
-                    output_product(s, &t, &block, v, rows, tile);
-                    continue;
+            if t.by_channels && KV::F16 {
+                if let Some(v) = cx.kv.values_in::<f16>(at(g), t.d_vp) {
+                    if !isolate || all_finite(s, v, len, t.d_vp) {
+                        output_product(s, &t, &block, v, rows, tile);
+                        continue;
+                    }
                 }
-                Some(Native::Bf16(v)) if !isolate || all_finite(s, v, len, t.d_vp) => {
-                    output_product(s, &t, &block, v, rows, tile);
-                    continue;
+            } else if t.by_channels && KV::BF16 {
+                if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
+                    if !isolate || all_finite(s, v, len, t.d_vp) {
+                        output_product(s, &t, &block, v, rows, tile);
+                        continue;
+                    }
                 }
-                _ => {}
             }
             let values = load_values(s, &cx.kv, at(g), &t, isolate, &mut kv.v, &mut kv.non_finite);
             output_product(s, &t, &block, values, rows.clone(), tile);
@@ -235,19 +251,78 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     }
 }
 
+/// The dot products of every head of a by-channels item with the block's keys. Keys in place
+/// (f32, or `E` = the cache's half type, converted as the dot products load them): tiles of
+/// keys outside, heads inside, so that the rows of all the item's heads for a few tokens — one
+/// contiguous stretch of a token-major cache — are read in address order. Other storage is
+/// converted head by head through `keys`. Returns the number of tiles computed.
+#[inline(always)]
+fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
+    s: S,
+    cx: &Ctx<'_, KV>,
+    item: &Item,
+    t: &Tiles,
+    block: &Block,
+    k_buf: &mut [f32],
+    tile: &mut TileBuffers,
+) -> u64 {
+    let head_rows = item.q_len * cx.blocking.group;
+    let at = |g: usize| KeyRange {
+        batch: item.batch,
+        kv_head: item.kv_head + g,
+        j0: block.j0,
+        len: block.len(),
+    };
+    let in_place = cx.kv.keys_in::<E>(at(0)).is_some();
+    let (tile_keys, passes) = if in_place {
+        (KEY_TILE, block.len().div_ceil(KEY_TILE))
+    } else {
+        (block.len(), 1)
+    };
+    let mut count = 0;
+    for pass in 0..passes {
+        let keys = pass * tile_keys..((pass + 1) * tile_keys).min(block.len());
+        for g in 0..item.heads {
+            let rows = g * head_rows..(g + 1) * head_rows;
+            // While this head's keys are computed, the next block's rows of the head (same
+            // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
+            // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
+            let next = |jj: usize, n: usize| {
+                let j0 = block.j0 + cx.blocking.kv_block + jj;
+                let n = n.min(item.kv_end.saturating_sub(j0));
+                cx.kv.prefetch(KeyRange {
+                    j0,
+                    len: n,
+                    ..at(g)
+                });
+            };
+            let range = (keys.clone(), rows);
+            count += match cx.kv.keys_in::<E>(at(g)) {
+                Some(k) => scores_by_channels(s, t, block, k, range, tile, next),
+                None => {
+                    let k = cx.kv.keys(s, at(g), k_buf);
+                    scores_by_channels(s, t, block, k, range, tile, next)
+                }
+            };
+        }
+    }
+    count
+}
+
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
 /// is applied to the scores; padding rows are zero), or, for few rows, as rows of `d_k`.
 #[inline(always)]
 fn pack_queries<S: Simd, Q: Element>(
-    cx: &Ctx<'_, Q, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
+    q: &Tensor<'_, Q>,
     item: &Item,
     t: &Tiles,
     qt: &mut [f32],
 ) {
     let nr = 2 * S::LANES;
     let group = cx.blocking.group;
-    let [qs_b, qs_s, qs_h, qs_d] = cx.q.strides();
-    let q = cx.q.data();
+    let [qs_b, qs_s, qs_h, qs_d] = q.strides();
+    let q = q.data();
     if t.by_channels {
         for r in 0..t.rows {
             let (h, i) = item.row_origin(group, r);
@@ -275,7 +350,7 @@ fn pack_queries<S: Simd, Q: Element>(
 /// slopes, and the initial softmax state. Returns the union of the ranges, or `None` when no
 /// row sees any key (the item's rows then stay at `l = 0`).
 fn visible_ranges(
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     item: &Item,
     t: &Tiles,
     tile: &mut TileBuffers,
@@ -389,7 +464,7 @@ fn all_finite<S: Simd, E: Lanes>(s: S, rows: Rows<'_, E>, len: usize, width: usi
 #[inline(always)]
 fn scores<S: Simd>(
     s: S,
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     item: &Item,
     t: &Tiles,
     block: &Block,
@@ -435,7 +510,7 @@ fn panel_keys<S: Simd>(
 /// With ALiBi: the distance of each row's diagonal to the block's first key, computed exactly
 /// in integers and rounded once (exact below 2²⁴), so positions past 2²⁴ lose nothing.
 fn alibi_distances(
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     item: &Item,
     t: &Tiles,
     block: &Block,
@@ -455,7 +530,7 @@ fn alibi_distances(
 #[inline(always)]
 fn modify_scores<S: Simd>(
     s: S,
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     t: &Tiles,
     r0: usize,
     (plo, phi): (usize, usize),
@@ -491,7 +566,7 @@ fn modify_scores<S: Simd>(
 /// The caller's bias (in log2 units) on each row's visible keys, then `−∞` for every key the
 /// row does not see: outside its causal/window/key-length range, or hidden by the boolean mask.
 fn bias_and_masks(
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     item: &Item,
     t: &Tiles,
     block: &Block,
@@ -614,7 +689,7 @@ fn output_product<S: Simd, E: Lanes>(
 #[allow(clippy::too_many_arguments)]
 fn add_non_finite_values<S: Simd>(
     s: S,
-    cx: &Ctx<'_, impl Element, impl KvSource>,
+    cx: &Ctx<'_, impl KvSource>,
     item: &Item,
     t: &Tiles,
     at: KeyRange,

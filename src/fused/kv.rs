@@ -3,15 +3,14 @@
 //! The loop of [`super::item`] never indexes K or V itself: for each key block it asks a
 //! [`KvSource`] for the block's K rows and V rows as f32 [`Rows`], either in place (the
 //! caller's memory, when it already is f32 rows with unit stride) or converted/packed into the
-//! worker's buffers; the decode path may also take half-precision rows in place ([`Native`])
-//! and convert them as it loads them, and asks the source to prefetch the next block. Storage
+//! worker's buffers; the decode path may also take half-precision rows in place
+//! ([`KvSource::keys_in`]) and convert them as it loads them, and asks the source to prefetch the next block. Storage
 //! formats — strided tensors of every element type, dense, packed or paged ([`RowMap`]); an
 //! 8-bit quantized cache next — are implementations of this one trait, not copies of the loop.
 
 use crate::element::Element;
-use crate::simd::Simd;
+use crate::simd::{Lanes, Simd};
 use crate::tensor::Tensor;
-use half::{bf16, f16};
 
 /// A block of rows (f32, or, read in place, the storage's type `E`), `width` values each: row
 /// `j` starts at `data[j · ld]` (`ld` may be 0: one row repeated), or, for rows read in place
@@ -100,27 +99,6 @@ impl<'s, E> Rows<'s, E> {
     }
 }
 
-/// Rows read in place in the storage's element type; half-precision ones are converted by the
-/// micro-kernels as they load them.
-#[derive(Clone, Copy)]
-pub(crate) enum Native<'s> {
-    F32(Rows<'s, f32>),
-    F16(Rows<'s, f16>),
-    Bf16(Rows<'s, bf16>),
-}
-
-impl<'s> Native<'s> {
-    fn of<T: Element>(rows: Rows<'s, T>) -> Option<Self> {
-        if let Some(x) = T::as_f32(rows.data) {
-            Some(Native::F32(rows.retype(x)))
-        } else if let Some(x) = T::as_f16(rows.data) {
-            Some(Native::F16(rows.retype(x)))
-        } else {
-            T::as_bf16(rows.data).map(|x| Native::Bf16(rows.retype(x)))
-        }
-    }
-}
-
 /// The keys `j0 .. j0 + len` of one (batch, key/value head).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KeyRange {
@@ -148,12 +126,17 @@ pub(crate) trait KvSource: Sync {
     /// columns keep their zeros.
     fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
 
-    /// The K rows of `at` in place, if the storage holds them with unit channel stride.
-    fn keys_native(&self, at: KeyRange) -> Option<Native<'_>>;
+    /// Whether the storage holds f16 or bf16 (constants, so that a kernel branching on them
+    /// compiles only its own element type's code).
+    const F16: bool;
+    const BF16: bool;
 
-    /// The V rows of `at` in place, if the storage holds them with unit channel stride and
-    /// `d_v = d_v_pad`.
-    fn values_native(&self, at: KeyRange, d_v_pad: usize) -> Option<Native<'_>>;
+    /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride.
+    fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>>;
+
+    /// The V rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
+    /// and `d_v = d_v_pad`.
+    fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>>;
 
     /// Asks the CPU to start loading the K (and, for half types, V) rows of `at` (a hint:
     /// nothing is read; paged caches are not prefetched).
@@ -367,18 +350,23 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
         }
     }
 
+    const F16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 2048.0;
+    const BF16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 256.0;
+
     #[inline(always)]
-    fn keys_native(&self, at: KeyRange) -> Option<Native<'_>> {
-        Native::of(self.rows_of(&self.k, at)?)
+    fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {
+        let rows = self.rows_of(&self.k, at)?;
+        Some(rows.retype(E::of(rows.data)?))
     }
 
     #[inline(always)]
-    fn values_native(&self, at: KeyRange, d_v_pad: usize) -> Option<Native<'_>> {
+    fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>> {
         let d_v = self.v.dims()[3];
         if d_v != d_v_pad || d_v == 0 {
             return None;
         }
-        Native::of(self.rows_of(&self.v, at)?)
+        let rows = self.rows_of(&self.v, at)?;
+        Some(rows.retype(E::of(rows.data)?))
     }
 
     #[inline(always)]

@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One work item run on the dispatched backend.
 struct ItemKernel<'a, 'c, Q, KV> {
-    cx: &'a Ctx<'c, Q, KV>,
+    cx: &'a Ctx<'c, KV>,
+    q: &'a Tensor<'c, Q>,
     item: &'a Item,
     scratch: &'a mut Scratch,
 }
@@ -43,7 +44,7 @@ impl<Q: Element, KV: KvSource> Kernel for ItemKernel<'_, '_, Q, KV> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        stream_item(s, self.cx, self.item, self.scratch)
+        stream_item(s, self.cx, self.q, self.item, self.scratch)
     }
 }
 
@@ -229,7 +230,6 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
     let cx = Ctx {
         problem,
         blocking,
-        q: *q,
         kv,
     };
     let writer = RowWriter::new(out, lse);
@@ -240,6 +240,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
         let item = sched.item(unit / splits, unit % splits);
         dispatch(ItemKernel {
             cx: &cx,
+            q,
             item: &item,
             scratch,
         });

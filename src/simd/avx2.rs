@@ -109,6 +109,10 @@ impl Simd for Avx2Fma {
         }
     }
     #[inline(always)]
+    fn run<K: Kernel>(self, kernel: K) -> K::Output {
+        run(self, kernel)
+    }
+    #[inline(always)]
     fn reduce_add(self, a: __m256) -> f32 {
         unsafe {
             let x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));

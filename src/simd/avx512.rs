@@ -102,6 +102,10 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    fn run<K: Kernel>(self, kernel: K) -> K::Output {
+        run(self, kernel)
+    }
+    #[inline(always)]
     fn reduce_add(self, a: __m512) -> f32 {
         unsafe { _mm512_reduce_add_ps(a) }
     }

@@ -24,6 +24,7 @@ pub(crate) use avx2::Avx2Fma;
 pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 
+use crate::element::Element;
 use half::{bf16, f16};
 use std::sync::OnceLock;
 
@@ -67,6 +68,9 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// `2^n` for lanes holding integers `n` in `[−127, 127]`, built from the exponent bits;
     /// `n = −127` gives exactly 0.
     fn pow2i(self, n: Self::V) -> Self::V;
+    /// Runs `kernel` on these lanes through its own entry point (compiled once per kernel
+    /// type and backend, not inlined into the caller).
+    fn run<K: Kernel>(self, kernel: K) -> K::Output;
     /// The sum of the lanes (in a backend-fixed order).
     fn reduce_add(self, a: Self::V) -> f32;
     /// The first `LANES` elements of `s`, converted exactly to f32 (the CPU's conversion
@@ -80,6 +84,8 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
 /// A type the kernels read K and V rows in, converted to f32 lanes as they are loaded: `f32`,
 /// `f16`, `bf16`. (Per-ISA conversion stays in [`Simd`]; this only picks the method.)
 pub(crate) trait Lanes: Copy + Send + Sync + 'static {
+    /// `x` itself if `T` is this type.
+    fn of<T: Element>(x: &[T]) -> Option<&[Self]>;
     /// The first `S::LANES` elements of `x` as f32 lanes (exact).
     fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
     /// The value as f32 (exact).
@@ -87,6 +93,10 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
 }
 
 impl Lanes for f32 {
+    #[inline(always)]
+    fn of<T: Element>(x: &[T]) -> Option<&[f32]> {
+        T::as_f32(x)
+    }
     #[inline(always)]
     fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
         s.load(x)
@@ -99,6 +109,10 @@ impl Lanes for f32 {
 
 impl Lanes for f16 {
     #[inline(always)]
+    fn of<T: Element>(x: &[T]) -> Option<&[f16]> {
+        T::as_f16(x)
+    }
+    #[inline(always)]
     fn load<S: Simd>(s: S, x: &[f16]) -> S::V {
         s.load_f16(x)
     }
@@ -109,6 +123,10 @@ impl Lanes for f16 {
 }
 
 impl Lanes for bf16 {
+    #[inline(always)]
+    fn of<T: Element>(x: &[T]) -> Option<&[bf16]> {
+        T::as_bf16(x)
+    }
     #[inline(always)]
     fn load<S: Simd>(s: S, x: &[bf16]) -> S::V {
         s.load_bf16(x)

@@ -1,6 +1,6 @@
 //! Portable lanes: `wide::f32x8`, compiled for whatever the build targets.
 
-use super::Simd;
+use super::{Kernel, Simd};
 use half::{bf16, f16};
 use wide::{f32x8, i32x8};
 
@@ -71,6 +71,10 @@ impl Simd for Portable {
         let biased: i32x8 = (n + f32x8::splat(127.0)).round_int();
         let bits: i32x8 = biased << 23;
         wide::bytemuck::cast(bits)
+    }
+    #[inline(always)]
+    fn run<K: Kernel>(self, kernel: K) -> K::Output {
+        kernel.run(self)
     }
     #[inline(always)]
     fn reduce_add(self, a: f32x8) -> f32 {
