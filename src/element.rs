@@ -11,10 +11,55 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
+    use super::Typed;
+    use crate::fused::TensorKv;
+    use crate::tensor::{Tensor, TensorMut};
+    use half::{bf16, f16};
+
+    /// Names the concrete type behind a generic one, so that the public generic functions
+    /// hand their operands to one non-generic kernel entry point ([`crate::fused::run`]):
+    /// the kernel is compiled once, in this crate, not again in every crate that calls it.
+    pub trait Sealed: Sized {
+        fn tensor<'a>(
+            t: Tensor<'a, Self>,
+        ) -> Typed<Tensor<'a, f32>, Tensor<'a, f16>, Tensor<'a, bf16>>;
+        fn tensor_mut<'b, 'a>(
+            t: &'b mut TensorMut<'a, Self>,
+        ) -> Typed<
+            &'b mut TensorMut<'a, f32>,
+            &'b mut TensorMut<'a, f16>,
+            &'b mut TensorMut<'a, bf16>,
+        >;
+        fn kv<'a>(
+            kv: TensorKv<'a, Self>,
+        ) -> Typed<TensorKv<'a, f32>, TensorKv<'a, f16>, TensorKv<'a, bf16>>;
+    }
+
+    macro_rules! sealed {
+        ($($t:ty => $variant:ident),*) => {$(
+            impl Sealed for $t {
+                fn tensor<'a>(t: Tensor<'a, Self>) -> Typed<Tensor<'a, f32>, Tensor<'a, f16>, Tensor<'a, bf16>> {
+                    Typed::$variant(t)
+                }
+                fn tensor_mut<'b, 'a>(
+                    t: &'b mut TensorMut<'a, Self>,
+                ) -> Typed<&'b mut TensorMut<'a, f32>, &'b mut TensorMut<'a, f16>, &'b mut TensorMut<'a, bf16>> {
+                    Typed::$variant(t)
+                }
+                fn kv<'a>(kv: TensorKv<'a, Self>) -> Typed<TensorKv<'a, f32>, TensorKv<'a, f16>, TensorKv<'a, bf16>> {
+                    Typed::$variant(kv)
+                }
+            }
+        )*};
+    }
+    sealed!(f32 => F32, f16 => F16, bf16 => Bf16);
+}
+
+/// One value of a generic element type, named by its concrete type.
+pub enum Typed<F32, F16, Bf16> {
+    F32(F32),
+    F16(F16),
+    Bf16(Bf16),
 }
 
 /// A type Q, K, V or the output may hold: `f32`, [`half::f16`] or [`half::bf16`]. Sealed: the

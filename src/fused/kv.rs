@@ -170,7 +170,7 @@ fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
 /// Where key `j` of sequence `b` lies in the K and V tensors: its `(index along dim 0, index
 /// along dim 1)`, the head and channel indices being the call's own.
 #[derive(Clone, Copy)]
-pub(crate) enum RowMap<'a> {
+pub enum RowMap<'a> {
     /// Dense `[B, n_kv, H_kv, d]`: `(b, j)`.
     Dense,
     /// Packed `[1, total_kv, H_kv, d]`: `(0, cu_seqlens_k[b] + j)`.
@@ -206,7 +206,7 @@ impl RowMap<'_> {
 /// packed or paged ([`RowMap`]). f32 rows with unit channel stride are read in place (paged
 /// ones through the block table, row by row); other rows (f16/bf16, strided channels) are
 /// converted block by block into the worker's buffers.
-pub(crate) struct TensorKv<'a, T> {
+pub struct TensorKv<'a, T> {
     pub k: Tensor<'a, T>,
     pub v: Tensor<'a, T>,
     pub map: RowMap<'a>,

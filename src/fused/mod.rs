@@ -18,12 +18,13 @@ mod kv;
 mod rows;
 mod scratch;
 
-use crate::element::Element;
+use crate::element::{Element, Typed};
 use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
 use crate::tensor::{Tensor, TensorMut};
 use blocking::{split_range, Blocking, MAX_SPLITS};
+use half::{bf16, f16};
 use item::{stream_item, Ctx, Item};
 use kv::KvSource;
 pub(crate) use kv::{RowMap, TensorKv};
@@ -200,7 +201,49 @@ pub(crate) fn run<Q: Element, KV: Element, O: Element>(
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {
-    run_source(ws, problem, q, kv, out, lse, tile_counter)
+    run_typed(
+        ws,
+        problem,
+        Q::tensor(*q),
+        KV::kv(kv),
+        O::tensor_mut(out),
+        lse,
+        tile_counter,
+    )
+}
+
+/// [`run`] with the element types named: not generic, so the kernel is compiled once, in
+/// this crate, for every combination of types, instead of again in each crate (and test
+/// binary) that calls the generic API.
+#[inline(never)]
+#[allow(clippy::type_complexity)]
+fn run_typed(
+    ws: &mut Workspace,
+    problem: &Problem<'_>,
+    q: Typed<Tensor<'_, f32>, Tensor<'_, f16>, Tensor<'_, bf16>>,
+    kv: Typed<TensorKv<'_, f32>, TensorKv<'_, f16>, TensorKv<'_, bf16>>,
+    out: Typed<&mut TensorMut<'_, f32>, &mut TensorMut<'_, f16>, &mut TensorMut<'_, bf16>>,
+    lse: Option<&mut [f32]>,
+    tile_counter: Option<&AtomicU64>,
+) -> Result<(), Error> {
+    macro_rules! each {
+        ($x:expr, |$v:ident| $body:expr) => {
+            match $x {
+                Typed::F32($v) => $body,
+                Typed::F16($v) => $body,
+                Typed::Bf16($v) => $body,
+            }
+        };
+    }
+    each!(q, |q| each!(kv, |kv| each!(out, |out| run_source(
+        ws,
+        problem,
+        &q,
+        kv,
+        out,
+        lse,
+        tile_counter
+    ))))
 }
 
 /// The driver, for any [`KvSource`]: schedules the work units on the current rayon pool, runs

@@ -276,7 +276,7 @@ pub(crate) fn dispatch<K: Kernel>(kernel: K) -> K::Output {
             Some(simd) => avx2::run(simd, kernel),
             None => unreachable!("backend() chose AVX2 only after detecting it"),
         },
-        _ => kernel.run(Portable),
+        _ => portable::run(kernel),
     }
 }
 

@@ -74,7 +74,7 @@ impl Simd for Portable {
     }
     #[inline(always)]
     fn run<K: Kernel>(self, kernel: K) -> K::Output {
-        kernel.run(self)
+        run(kernel)
     }
     #[inline(always)]
     fn reduce_add(self, a: f32x8) -> f32 {
@@ -96,4 +96,11 @@ impl Simd for Portable {
         }
         f32x8::new(lanes)
     }
+}
+
+/// Runs `kernel` on this backend. Out of line, like the other backends' entry points, so that a
+/// kernel body is compiled once per kernel type rather than again inside every caller.
+#[inline(never)]
+pub(crate) fn run<K: Kernel>(kernel: K) -> K::Output {
+    kernel.run(Portable)
 }
