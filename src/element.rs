@@ -11,7 +11,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 mod sealed {
-    use super::Typed;
+    use super::{Typed, TypedKv};
     use crate::fused::TensorKv;
     use crate::tensor::{Tensor, TensorMut};
     use half::{bf16, f16};
@@ -30,9 +30,17 @@ mod sealed {
             &'b mut TensorMut<'a, f16>,
             &'b mut TensorMut<'a, bf16>,
         >;
-        fn kv<'a>(
-            kv: TensorKv<'a, Self>,
-        ) -> Typed<TensorKv<'a, f32>, TensorKv<'a, f16>, TensorKv<'a, bf16>>;
+    }
+
+    /// The same for K/V, whose types include `i8`.
+    pub trait SealedKv: Sized {
+        fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a>;
+    }
+
+    impl SealedKv for i8 {
+        fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a> {
+            TypedKv::I8(kv)
+        }
     }
 
     macro_rules! sealed {
@@ -46,8 +54,10 @@ mod sealed {
                 ) -> Typed<&'b mut TensorMut<'a, f32>, &'b mut TensorMut<'a, f16>, &'b mut TensorMut<'a, bf16>> {
                     Typed::$variant(t)
                 }
-                fn kv<'a>(kv: TensorKv<'a, Self>) -> Typed<TensorKv<'a, f32>, TensorKv<'a, f16>, TensorKv<'a, bf16>> {
-                    Typed::$variant(kv)
+            }
+            impl SealedKv for $t {
+                fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a> {
+                    TypedKv::$variant(kv)
                 }
             }
         )*};
@@ -62,21 +72,56 @@ pub enum Typed<F32, F16, Bf16> {
     Bf16(Bf16),
 }
 
-/// A type Q, K, V or the output may hold: `f32`, [`half::f16`] or [`half::bf16`]. Sealed: the
-/// kernels know each of them.
-pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+/// K and V of a generic K/V type, named by their concrete type.
+pub enum TypedKv<'a> {
+    F32(crate::fused::TensorKv<'a, f32>),
+    F16(crate::fused::TensorKv<'a, f16>),
+    Bf16(crate::fused::TensorKv<'a, bf16>),
+    I8(crate::fused::TensorKv<'a, i8>),
+}
+
+/// A type K and V may hold: the three [`Element`] types, and `i8`, 8-bit quantized values
+/// that the kernel dequantizes as `value = i8 · scale` with the scales of
+/// [`Options::kv_scales`](crate::Options::kv_scales). Sealed.
+pub trait KvElement: sealed::SealedKv + Copy + Send + Sync + std::fmt::Debug + 'static {
     /// The type's name, for messages.
     const NAME: &'static str;
+    /// Whether values are quantized: they then need [`Options::kv_scales`](crate::Options::kv_scales).
+    const QUANTIZED: bool;
+    /// The stored value as f64 (exact), before any scale.
+    fn to_f64(self) -> f64;
+}
+
+impl KvElement for i8 {
+    const NAME: &'static str = "i8";
+    const QUANTIZED: bool = true;
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+macro_rules! float_kv {
+    ($($t:ty),*) => {$(
+        impl KvElement for $t {
+            const NAME: &'static str = stringify!($t);
+            const QUANTIZED: bool = false;
+            fn to_f64(self) -> f64 {
+                f64::from(Element::to_f32(self))
+            }
+        }
+    )*};
+}
+float_kv!(f32, f16, bf16);
+
+/// A type Q, K, V or the output may hold: `f32`, [`half::f16`] or [`half::bf16`]. Sealed: the
+/// kernels know each of them.
+pub trait Element: KvElement + sealed::Sealed {
     /// Unit roundoff `u` (half an ulp at 1): `2⁻²⁴` for f32, `2⁻¹¹` for f16, `2⁻⁸` for bf16.
     const UNIT_ROUNDOFF: f64;
     /// The value as f32 (exact for all three types).
     fn to_f32(self) -> f32;
     /// The nearest value of this type (ties to even; ±∞ beyond its range; NaN stays NaN).
     fn from_f32(x: f32) -> Self;
-    /// The value as f64 (exact).
-    fn to_f64(self) -> f64 {
-        f64::from(self.to_f32())
-    }
     /// The slice itself if this type is f32, so the kernels can read it in place.
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// The slice itself if this type is f16 (the kernels convert it with vector instructions).
@@ -93,7 +138,6 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'stat
 }
 
 impl Element for f32 {
-    const NAME: &'static str = "f32";
     const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 24) as f64;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -114,7 +158,6 @@ impl Element for f32 {
 }
 
 impl Element for f16 {
-    const NAME: &'static str = "f16";
     const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 11) as f64;
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -139,7 +182,6 @@ impl Element for f16 {
 }
 
 impl Element for bf16 {
-    const NAME: &'static str = "bf16";
     const UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 8) as f64;
     #[inline(always)]
     fn to_f32(self) -> f32 {

@@ -36,6 +36,10 @@ pub enum Operand {
     CuSeqlensK,
     /// The block table (or page size) of a paged cache ([`PagedKv`](crate::PagedKv)).
     BlockTable,
+    /// The scales of 8-bit keys ([`Options::kv_scales`](crate::Options::kv_scales)).
+    KeyScales,
+    /// The scales of 8-bit values ([`Options::kv_scales`](crate::Options::kv_scales)).
+    ValueScales,
 }
 
 impl fmt::Display for Operand {
@@ -55,6 +59,8 @@ impl fmt::Display for Operand {
             Operand::CuSeqlensQ => "cu_seqlens_q",
             Operand::CuSeqlensK => "cu_seqlens_k",
             Operand::BlockTable => "block table",
+            Operand::KeyScales => "key scales",
+            Operand::ValueScales => "value scales",
         })
     }
 }
@@ -93,6 +99,12 @@ impl fmt::Display for Dim {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
+    /// `i8` keys and values without [`Options::kv_scales`](crate::Options::kv_scales), or
+    /// scales with keys and values of another type (`kv_type`), which take none.
+    KvScales {
+        /// The K/V element type of the call.
+        kv_type: &'static str,
+    },
     /// `dims[i] * strides[i]` (or the sum of those spans) does not fit in `usize`.
     LayoutOverflow {
         /// The requested logical shape.
@@ -233,6 +245,13 @@ impl fmt::Display for Error {
             Error::HeadsNotDivisible { heads, kv_heads } => write!(
                 f,
                 "query heads ({heads}) must be a positive multiple of key/value heads ({kv_heads})"
+            ),
+            Error::KvScales { kv_type: "i8" } => {
+                f.write_str("i8 keys and values need scales (Options::kv_scales)")
+            }
+            Error::KvScales { kv_type } => write!(
+                f,
+                "Options::kv_scales is for i8 keys and values, not {kv_type}"
             ),
             Error::ZeroHeadDim => f.write_str("query/key head size is 0"),
             Error::LengthMismatch {

@@ -95,7 +95,7 @@ mod workspace;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use element::Element;
+pub use element::{Element, KvElement};
 pub use error::{Dim, Error, Operand};
 /// The `half` crate, whose `f16` and `bf16` are element types of this one.
 pub use half;
@@ -119,7 +119,7 @@ use problem::Problem;
 /// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale;
 /// the option errors listed on [`Options`]; [`Error::ScratchTooLarge`] when the per-worker
 /// buffers cannot be allocated (only possible with broadcast views declaring a huge head size).
-pub fn attention<Q: Element, KV: Element, O: Element>(
+pub fn attention<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -134,7 +134,7 @@ pub fn attention<Q: Element, KV: Element, O: Element>(
 ///
 /// # Errors
 /// As [`attention`], plus [`Error::LengthMismatch`] when `lse.len() ≠ B · H · n_q`.
-pub fn attention_lse<Q: Element, KV: Element, O: Element>(
+pub fn attention_lse<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -160,7 +160,7 @@ pub fn attention_lse<Q: Element, KV: Element, O: Element>(
 /// without key lengths, and [`Error::InvalidValue`] (same operand) for an entry that a
 /// sequence's length reaches and that is not a page of the pool; `kv_lens[b]` may not exceed
 /// `pages_per_seq · page_size`.
-pub fn attention_paged<Q: Element, KV: Element, O: Element>(
+pub fn attention_paged<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     kv: &PagedKv<'_, KV>,
     out: &mut TensorMut<'_, O>,
@@ -185,7 +185,7 @@ pub fn attention_paged<Q: Element, KV: Element, O: Element>(
 /// that are empty, decreasing or past the packed rows (operands [`Operand::CuSeqlensQ`],
 /// [`Operand::CuSeqlensK`]; `cu_seqlens_k` needs B + 1 entries), for a block table as in
 /// [`attention_paged`], and [`Error::ShapeMismatch`] when the batch dim of Q, K or `out` is not 1.
-pub fn attention_varlen<Q: Element, KV: Element, O: Element>(
+pub fn attention_varlen<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     cu_seqlens_q: &[usize],
     kv: &VarlenKv<'_, KV>,
@@ -205,7 +205,7 @@ pub fn attention_varlen<Q: Element, KV: Element, O: Element>(
 ///
 /// # Errors
 /// As [`attention`] for the shapes and options.
-pub fn scratch_bytes_per_thread<Q: Element, KV: Element>(
+pub fn scratch_bytes_per_thread<Q: Element, KV: KvElement>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,

@@ -112,6 +112,7 @@ pub struct Options<'a> {
     pub(crate) alibi: Option<(&'a [f32], Alignment)>,
     pub(crate) softcap: Option<f32>,
     pub(crate) sinks: Option<&'a [f32]>,
+    pub(crate) kv_scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
     pub(crate) tile_counter: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
@@ -200,6 +201,29 @@ impl<'a> Options<'a> {
     /// beyond ±2.36e38 (where `σ·log₂e` overflows) are errors.
     pub fn sinks(mut self, sinks: &'a [f32]) -> Self {
         self.sinks = Some(sinks);
+        self
+    }
+
+    /// The scales of 8-bit (`i8`) keys and values, which the kernel dequantizes as
+    /// `k = k_i8 · k_scales[…]`, `v = v_i8 · v_scales[…]` (required with `i8` K/V, an
+    /// [`Error::KvScales`](crate::Error::KvScales) with other types). Each is a view
+    /// that broadcasts against its tensor's dims — K's `[dim 0, dim 1, H_kv, d_k]` (for a
+    /// dense cache `[B, n_kv, …]`, packed `[1, total_kv, …]`, paged
+    /// `[num_pages, page_size, …]`), V's alike with `d_v`: a dim of size 1 (or stride 0)
+    /// repeats, so the usual granularities need no copy:
+    ///
+    /// | granularity | scale dims |
+    /// |---|---|
+    /// | per tensor | `[1, 1, 1, 1]` |
+    /// | per (token, kv head) | `[B, n_kv, H_kv, 1]` |
+    /// | per (kv head, channel) | `[1, 1, H_kv, d]` |
+    ///
+    /// and any other broadcast of the four dims. Every scale the call reads must be finite
+    /// with `|scale| ≤ f32::MAX / 128` (so no dequantized value overflows); 0 and negative
+    /// scales are fine. [`Operand::KeyScales`](crate::Operand::KeyScales) /
+    /// [`Operand::ValueScales`](crate::Operand::ValueScales) name the failing one.
+    pub fn kv_scales(mut self, k_scales: Tensor<'a, f32>, v_scales: Tensor<'a, f32>) -> Self {
+        self.kv_scales = Some((k_scales, v_scales));
         self
     }
 

@@ -1,6 +1,7 @@
 //! Validation of one attention call: the shapes of Q, K, V, O (and LSE) against each other and
 //! the options, reduced to a [`Problem`] that both the fused kernel and the reference read.
 
+use crate::element::KvElement;
 use crate::error::{Dim, Error, Operand};
 use crate::kv_cache::{PagedKv, VarlenKv};
 use crate::options::{Alignment, Options};
@@ -46,6 +47,74 @@ fn broadcast<'a, T>(
         data: t.data(),
         strides,
     })
+}
+
+/// The validated scales of 8-bit K and V, each indexed like its tensor's storage
+/// `[dim 0, dim 1, kv head, channel]` (broadcast dims have stride 0).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvScales<'a> {
+    pub k: Broadcast<'a, f32>,
+    pub v: Broadcast<'a, f32>,
+}
+
+/// The largest scale magnitude: `128 · scale` stays finite, so no dequantized value overflows.
+const MAX_SCALE: f32 = f32::MAX / 128.0;
+
+/// Checks the scales of [`Options::kv_scales`] against K/V of type `KV` with storage dims
+/// `k_dims` and `v_dims`: present exactly for `i8`, broadcastable, and every scale in the
+/// dim-0 slices `rows(dim 0 of the scales)` (all of them, or a paged cache's pages in use)
+/// finite with `|scale| ≤ MAX_SCALE`.
+fn check_scales<'a, KV: KvElement>(
+    opts: &Options<'a>,
+    k_dims: [usize; 4],
+    v_dims: [usize; 4],
+    rows: &dyn Fn(usize, &mut dyn FnMut(usize) -> Result<(), Error>) -> Result<(), Error>,
+) -> Result<Option<KvScales<'a>>, Error> {
+    let Some((k, v)) = &opts.kv_scales else {
+        return match KV::QUANTIZED {
+            true => Err(Error::KvScales { kv_type: KV::NAME }),
+            false => Ok(None),
+        };
+    };
+    if !KV::QUANTIZED {
+        return Err(Error::KvScales { kv_type: KV::NAME });
+    }
+    let check = |t: &Tensor<'a, f32>, want: [usize; 4], operand: Operand| {
+        let view = broadcast(t, want, operand)?;
+        let [n0, n1, n2, n3] = t.dims();
+        let mut slice = |i0: usize| {
+            for i1 in 0..n1 {
+                for i2 in 0..n2 {
+                    for i3 in 0..n3 {
+                        let at = offset([i0, i1, i2, i3], t.strides());
+                        let x = t.data()[at];
+                        if !(x.abs() <= MAX_SCALE) {
+                            return Err(Error::InvalidValue {
+                                operand,
+                                index: at,
+                                reason: "scale is not finite, or |scale|·128 overflows f32",
+                            });
+                        }
+                    }
+                }
+            }
+            Ok(())
+        };
+        match n0 {
+            1 => slice(0)?,
+            _ => rows(n0, &mut slice)?,
+        }
+        Ok(view)
+    };
+    Ok(Some(KvScales {
+        k: check(k, k_dims, Operand::KeyScales)?,
+        v: check(v, v_dims, Operand::ValueScales)?,
+    }))
+}
+
+/// Every dim-0 index below `n` (dense and packed K/V).
+fn all_rows(n: usize, f: &mut dyn FnMut(usize) -> Result<(), Error>) -> Result<(), Error> {
+    (0..n).try_for_each(f)
 }
 
 /// Checks that a per-head or per-batch slice has `len` entries.
@@ -194,6 +263,8 @@ pub(crate) struct Problem<'a> {
     pub softcap: Option<f32>,
     /// Sink logit per query head.
     pub sinks: Option<&'a [f32]>,
+    /// The scales of `i8` K/V.
+    pub kv_scales: Option<KvScales<'a>>,
 }
 
 impl<'a> Problem<'a> {
@@ -276,7 +347,7 @@ impl<'a> Problem<'a> {
 
     /// Validates the operands of a call on dense tensors (`out_dims`: the output's logical
     /// dims) and the options.
-    pub fn new<Q, KV>(
+    pub fn new<Q, KV: KvElement>(
         q: &Tensor<'_, Q>,
         k: &Tensor<'_, KV>,
         v: &Tensor<'_, KV>,
@@ -290,14 +361,16 @@ impl<'a> Problem<'a> {
         expect(Operand::Key, k.dims(), [batch, n_kv, kv_heads, d_k])?;
         expect(Operand::Value, v.dims(), [batch, n_kv, kv_heads, d_v])?;
         let sizes = Sizes::dense(q.dims(), out_dims, kv_heads, n_kv, d_v)?;
-        Self::build_dense(sizes, lse, opts)
+        let mut p = Self::build_dense(sizes, lse, opts)?;
+        p.kv_scales = check_scales::<KV>(opts, k.dims(), v.dims(), &all_rows)?;
+        Ok(p)
     }
 
     /// Validates a call whose K/V pages are `kv` (Q, out and LSE dense, as in
     /// [`Problem::new`]): the logical key buffer of sequence `b` is its `pages_per_seq` pages,
     /// the key lengths are required, and every table entry a sequence's key length reaches must
     /// name a page of the pool.
-    pub fn new_paged<Q, KV>(
+    pub fn new_paged<Q, KV: KvElement>(
         q: &Tensor<'_, Q>,
         kv: &PagedKv<'a, KV>,
         out_dims: [usize; 4],
@@ -318,15 +391,16 @@ impl<'a> Problem<'a> {
             batch.saturating_mul(kv.pages_per_seq),
             Operand::BlockTable,
         )?;
-        let p = Self::build_dense(sizes, lse, opts)?;
+        let mut p = Self::build_dense(sizes, lse, opts)?;
         p.check_pages(kv)?;
+        p.kv_scales = p.paged_scales(kv, opts)?;
         Ok(p)
     }
 
     /// Validates a packed variable-length call: Q `[1, total_q, H, d_k]` with sequence `b` in
     /// rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]`, out alike, LSE `[H, total_q]`, K/V
     /// packed (`[1, total_kv, H_kv, d]` with `cu_seqlens_k`) or paged.
-    pub fn new_varlen<Q, KV>(
+    pub fn new_varlen<Q, KV: KvElement>(
         q: &Tensor<'_, Q>,
         cu_seqlens_q: &'a [usize],
         kv: &VarlenKv<'a, KV>,
@@ -375,11 +449,37 @@ impl<'a> Problem<'a> {
             kv: kv_offsets,
         };
         let lse_len = heads.saturating_mul(total_q);
-        let p = Self::build(sizes, seqs, lse.map(|l| (l.len(), lse_len)), opts)?;
-        if let VarlenKv::Paged(paged) = kv {
-            p.check_pages(paged)?;
-        }
+        let mut p = Self::build(sizes, seqs, lse.map(|l| (l.len(), lse_len)), opts)?;
+        p.kv_scales = match kv {
+            VarlenKv::Paged(paged) => {
+                p.check_pages(paged)?;
+                p.paged_scales(paged, opts)?
+            }
+            VarlenKv::Packed(packed) => {
+                check_scales::<KV>(opts, packed.k.dims(), packed.v.dims(), &all_rows)?
+            }
+        };
         Ok(p)
+    }
+
+    /// [`check_scales`] for a paged cache: only the scales of the pages that the sequences'
+    /// key lengths reach are read, so only those are checked (a pool shared by many
+    /// sequences is not scanned on every call). After [`Problem::check_pages`].
+    fn paged_scales<KV: KvElement>(
+        &self,
+        kv: &PagedKv<'a, KV>,
+        opts: &Options<'a>,
+    ) -> Result<Option<KvScales<'a>>, Error> {
+        let page_size = kv.k.dims()[1];
+        let used = |_: usize, f: &mut dyn FnMut(usize) -> Result<(), Error>| {
+            (0..self.batch).try_for_each(|b| {
+                let n = self.kv_len(b).div_ceil(page_size);
+                kv.block_table[b * kv.pages_per_seq..][..n]
+                    .iter()
+                    .try_for_each(|&page| f(page as usize))
+            })
+        };
+        check_scales::<KV>(opts, kv.k.dims(), kv.v.dims(), &used)
     }
 
     /// Every table entry that a sequence's key length reaches names a page of the pool.
@@ -553,6 +653,7 @@ impl<'a> Problem<'a> {
             alibi: opts.alibi.map(|a| a.0),
             softcap: opts.softcap,
             sinks: opts.sinks,
+            kv_scales: None,
         })
     }
 }

@@ -14,10 +14,10 @@
 //! every output they touch (a NaN in `v_j` reaches exactly the rows that give key `j` a non-zero
 //! weight).
 
-use crate::element::Element;
+use crate::element::{Element, KvElement};
 use crate::error::Error;
 use crate::options::Options;
-use crate::problem::Problem;
+use crate::problem::{Broadcast, Problem};
 use crate::tensor::{Tensor, TensorMut};
 
 /// Reference attention: `out = softmax(Q·Kᵀ·scale) · V` with the semantics of
@@ -26,7 +26,7 @@ use crate::tensor::{Tensor, TensorMut};
 /// # Errors
 /// The same as [`crate::attention`], plus [`Error::ScoreMatrixTooLarge`] when the score matrix
 /// of one (batch, head) cannot be allocated.
-pub fn attention<Q: Element, KV: Element, O: Element>(
+pub fn attention<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -42,7 +42,7 @@ pub fn attention<Q: Element, KV: Element, O: Element>(
 ///
 /// # Errors
 /// The same as [`crate::attention_lse`], plus [`Error::ScoreMatrixTooLarge`].
-pub fn attention_lse<Q: Element, KV: Element, O: Element>(
+pub fn attention_lse<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -54,12 +54,22 @@ pub fn attention_lse<Q: Element, KV: Element, O: Element>(
     run(&problem, q, k, v, out, Some(lse))
 }
 
-fn at<T: Element>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
+fn at<T: KvElement>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
     // In range by construction of the loops below and the validated view; exact conversion.
     t.get(index).expect("index inside validated dims").to_f64()
 }
 
-fn run<Q: Element, KV: Element, O: Element>(
+/// A key or value as the call defines it: the stored value, times its scale for `i8` K/V
+/// (exact in f64: an 8-bit integer times an f32 needs 32 significant bits).
+fn kv_at<T: KvElement>(
+    t: &Tensor<'_, T>,
+    scales: Option<Broadcast<'_, f32>>,
+    index: [usize; 4],
+) -> f64 {
+    at(t, index) * scales.map_or(1.0, |s| f64::from(s.at(index)))
+}
+
+fn run<Q: Element, KV: KvElement, O: Element>(
     p: &Problem,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -73,6 +83,7 @@ fn run<Q: Element, KV: Element, O: Element>(
         return Ok(());
     }
     let scale = f64::from(p.scale);
+    let (k_scales, v_scales) = (p.kv_scales.map(|s| s.k), p.kv_scales.map(|s| s.v));
     // The whole score matrix of one (batch, head): broadcast views can make it larger than
     // memory, which must be an error, not an abort.
     let too_large = Error::ScoreMatrixTooLarge {
@@ -90,7 +101,7 @@ fn run<Q: Element, KV: Element, O: Element>(
             for i in 0..p.n_q {
                 for j in 0..p.n_kv {
                     let dot: f64 = (0..p.d_k)
-                        .map(|c| at(q, [b, i, h, c]) * at(k, [b, j, hk, c]))
+                        .map(|c| at(q, [b, i, h, c]) * kv_at(k, k_scales, [b, j, hk, c]))
                         .sum();
                     scores[i * p.n_kv + j] = scale * dot;
                 }
@@ -155,7 +166,7 @@ fn run<Q: Element, KV: Element, O: Element>(
                     if visible_any {
                         for (j, &w) in row.iter().enumerate() {
                             if visible(i, j) {
-                                acc += w * at(v, [b, j, hk, c]);
+                                acc += w * kv_at(v, v_scales, [b, j, hk, c]);
                             }
                         }
                         acc /= sum;
@@ -259,7 +270,7 @@ fn gamma(n: usize) -> f64 {
 /// # Errors
 /// The same as [`attention`] for the shapes and options (no output is needed), plus
 /// [`Error::TooManyRows`] when `batch · heads · n_q` bounds cannot be allocated.
-pub fn error_bounds<Q: Element, KV: Element>(
+pub fn error_bounds<Q: Element, KV: KvElement>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -269,6 +280,10 @@ pub fn error_bounds<Q: Element, KV: Element>(
     let d_v = v.dims()[3];
     let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
     let scale = f64::from(p.scale).abs();
+    let (k_scales, v_scales) = (p.kv_scales.map(|s| s.k), p.kv_scales.map(|s| s.v));
+    // i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32 once — one more
+    // rounding in every score product, and values off by a relative u.
+    let dequantized = usize::from(KV::QUANTIZED);
     let rows = batch
         .checked_mul(heads)
         .and_then(|x| x.checked_mul(n_q))
@@ -298,12 +313,12 @@ pub fn error_bounds<Q: Element, KV: Element>(
                     }
                     let (mut dot, mut abs) = (0.0, 0.0);
                     for c in 0..p.d_k {
-                        let x = at(q, [b, i, h, c]) * at(k, [b, j, hk, c]);
+                        let x = at(q, [b, i, h, c]) * kv_at(k, k_scales, [b, j, hk, c]);
                         dot += x;
                         abs += x.abs();
                     }
                     let mut s = f64::from(p.scale) * dot;
-                    let mut e = gamma(p.d_k + 2) * scale * abs;
+                    let mut e = gamma(p.d_k + 2 + dequantized) * scale * abs;
                     if let Some(cap) = p.softcap {
                         // tanh is 1-Lipschitz, so e does not grow; evaluating it through the
                         // polynomial 2^x and a division adds ~EXP2_REL + 4u relative to cap.
@@ -334,7 +349,7 @@ pub fn error_bounds<Q: Element, KV: Element>(
                     s_max = s_max.max(s);
                     worst = worst.max(e + 2.0 * U * s.abs());
                     for c in 0..p.d_v {
-                        v_max = v_max.max(at(v, [b, j, hk, c]).abs());
+                        v_max = v_max.max(kv_at(v, v_scales, [b, j, hk, c]).abs());
                     }
                 }
                 let mut delta = if n > 0 {
@@ -360,7 +375,10 @@ pub fn error_bounds<Q: Element, KV: Element>(
                     // θ is too large for the first-order formula (θ ≥ 1 makes it negative).
                     let cap = v_max * (2.0 + 4.0 * U);
                     let first_order = if theta < 1.0 {
-                        v_max * (2.0 * theta / (1.0 - theta) + 2.0 * gamma(terms) + 2.0 * U)
+                        v_max
+                            * (2.0 * theta / (1.0 - theta)
+                                + 2.0 * gamma(terms)
+                                + (2 + dequantized) as f64 * U)
                     } else {
                         f64::INFINITY
                     };

@@ -1,7 +1,7 @@
 //! Memory a caller keeps between calls, so that steady-state calls (decode steps of one shape)
 //! allocate nothing in the kernel: ggml's `cplan` work buffer, as a value.
 
-use crate::element::Element;
+use crate::element::{Element, KvElement};
 use crate::error::Error;
 use crate::fused::{self, RowMap, TensorKv};
 use crate::kv_cache::{PagedKv, VarlenKv};
@@ -58,7 +58,7 @@ impl Workspace {
     ///
     /// # Errors
     /// As [`attention`](crate::attention).
-    pub fn attention<Q: Element, KV: Element, O: Element>(
+    pub fn attention<Q: Element, KV: KvElement, O: Element>(
         &mut self,
         q: &Tensor<'_, Q>,
         k: &Tensor<'_, KV>,
@@ -87,7 +87,7 @@ impl Workspace {
     ///
     /// # Errors
     /// As [`attention_lse`](crate::attention_lse).
-    pub fn attention_lse<Q: Element, KV: Element, O: Element>(
+    pub fn attention_lse<Q: Element, KV: KvElement, O: Element>(
         &mut self,
         q: &Tensor<'_, Q>,
         k: &Tensor<'_, KV>,
@@ -117,7 +117,7 @@ impl Workspace {
     ///
     /// # Errors
     /// As [`attention_paged`](crate::attention_paged).
-    pub fn attention_paged<Q: Element, KV: Element, O: Element>(
+    pub fn attention_paged<Q: Element, KV: KvElement, O: Element>(
         &mut self,
         q: &Tensor<'_, Q>,
         kv: &PagedKv<'_, KV>,
@@ -142,7 +142,7 @@ impl Workspace {
     ///
     /// # Errors
     /// As [`attention_varlen`](crate::attention_varlen).
-    pub fn attention_varlen<Q: Element, KV: Element, O: Element>(
+    pub fn attention_varlen<Q: Element, KV: KvElement, O: Element>(
         &mut self,
         q: &Tensor<'_, Q>,
         cu_seqlens_q: &[usize],
@@ -173,7 +173,7 @@ impl Workspace {
 }
 
 /// The kernel's view of a paged cache.
-fn paged_source<'a, T: Element>(kv: &PagedKv<'a, T>) -> TensorKv<'a, T> {
+fn paged_source<'a, T: KvElement>(kv: &PagedKv<'a, T>) -> TensorKv<'a, T> {
     TensorKv {
         k: kv.k,
         v: kv.v,

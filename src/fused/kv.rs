@@ -6,9 +6,9 @@
 //! worker's buffers; the decode path may also take half-precision rows in place
 //! ([`KvSource::keys_in`]) and convert them as it loads them, and asks the source to prefetch the next block. Storage
 //! formats — strided tensors of every element type, dense, packed or paged ([`RowMap`]); an
-//! 8-bit quantized cache next — are implementations of this one trait, not copies of the loop.
+//! 8-bit quantized caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
-use crate::element::Element;
+use crate::element::{Element, KvElement};
 use crate::simd::{Lanes, Simd};
 use crate::tensor::Tensor;
 
@@ -212,17 +212,25 @@ pub struct TensorKv<'a, T> {
     pub map: RowMap<'a>,
 }
 
-impl<T: Element> TensorKv<'_, T> {
+impl<T: KvElement> TensorKv<'_, T> {
     /// Element offset of key `at.j0 + j` of (batch, kv head) in `t`: inside the view's
     /// validated span because every index is inside its dims (callers pass keys below the
     /// sequence's length, whose pages the call validated, of a non-empty view).
     #[inline(always)]
-    fn row_offset(&self, t: &Tensor<'_, T>, at: KeyRange, j: usize) -> usize {
+    pub(super) fn row_offset(&self, t: &Tensor<'_, T>, at: KeyRange, j: usize) -> usize {
         let [sb, ss, sh, _] = t.strides();
-        let (b, s) = self.map.locate(at.batch, at.j0 + j);
+        let (b, s) = self.position(at, j);
         b * sb + s * ss + at.kv_head * sh
     }
 
+    /// The (dim 0, dim 1) storage position of key `at.j0 + j` (see [`RowMap`]).
+    #[inline(always)]
+    pub(super) fn position(&self, at: KeyRange, j: usize) -> (usize, usize) {
+        self.map.locate(at.batch, at.j0 + j)
+    }
+}
+
+impl<T: Element> TensorKv<'_, T> {
     /// Converts row `base` of `t` (`dst.len()` values, channel stride `sd`) into `dst`.
     #[inline(always)]
     fn convert_row<S: Simd>(s: S, data: &[T], base: usize, sd: usize, dst: &mut [f32]) {
@@ -236,10 +244,10 @@ impl<T: Element> TensorKv<'_, T> {
     }
 }
 
-impl<T: Element> TensorKv<'_, T> {
+impl<T: KvElement> TensorKv<'_, T> {
     /// Prefetches the row of key `key` of (batch, kv head) of `at` in `t`, if the tensor has it.
     #[inline(always)]
-    fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, key: usize) {
+    pub(super) fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, key: usize) {
         let [d0, d1, _, width] = t.dims();
         let [sb, ss, sh, sd] = t.strides();
         let (b, row) = match self.map {
@@ -258,13 +266,6 @@ impl<T: Element> TensorKv<'_, T> {
         for line in (0..width * std::mem::size_of::<T>()).step_by(64) {
             crate::simd::prefetch(p.cast::<u8>().wrapping_add(line));
         }
-    }
-
-    /// The rows of `at` read in place from `t`, if it holds f32 with unit channel stride.
-    #[inline(always)]
-    fn in_place<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s>> {
-        let rows = self.rows_of(t, at)?;
-        Some(rows.retype(T::as_f32(rows.data)?))
     }
 
     /// The rows of `at` in place in `t`, in its element type, if its channel stride is 1.
@@ -298,6 +299,15 @@ impl<T: Element> TensorKv<'_, T> {
                 }),
             },
         })
+    }
+}
+
+impl<T: Element> TensorKv<'_, T> {
+    /// The rows of `at` read in place from `t`, if it holds f32 with unit channel stride.
+    #[inline(always)]
+    fn in_place<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s>> {
+        let rows = self.rows_of(t, at)?;
+        Some(rows.retype(T::as_f32(rows.data)?))
     }
 }
 

@@ -15,10 +15,11 @@
 mod blocking;
 mod item;
 mod kv;
+mod quant;
 mod rows;
 mod scratch;
 
-use crate::element::{Element, Typed};
+use crate::element::{Element, KvElement, Typed, TypedKv};
 use crate::error::Error;
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
@@ -28,6 +29,7 @@ use half::{bf16, f16};
 use item::{stream_item, Ctx, Item};
 use kv::KvSource;
 pub(crate) use kv::{RowMap, TensorKv};
+use quant::QuantKv;
 use rayon::prelude::*;
 use rows::{finish_item, Part, RowWriter};
 use scratch::{Scratch, ScratchPool};
@@ -155,7 +157,7 @@ impl<'p> Schedule<'p> {
 
 /// Per-worker buffers needed by a call of this shape, in bytes (what
 /// [`crate::scratch_bytes_per_thread`] reports).
-pub(crate) fn scratch_bytes<KV: Element>(
+pub(crate) fn scratch_bytes<KV: KvElement>(
     problem: &Problem<'_>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
@@ -166,7 +168,13 @@ pub(crate) fn scratch_bytes<KV: Element>(
         v: *v,
         map: RowMap::Dense,
     };
-    Ok(Scratch::bytes(&blocking, kv.packs_keys()))
+    let packs_keys = match KV::kv(kv) {
+        TypedKv::F32(kv) => kv.packs_keys(),
+        TypedKv::F16(kv) => kv.packs_keys(),
+        TypedKv::Bf16(kv) => kv.packs_keys(),
+        TypedKv::I8(_) => true,
+    };
+    Ok(Scratch::bytes(&blocking, packs_keys))
 }
 
 /// Memory kept between calls: the per-worker scratches and the split-KV partial results.
@@ -192,7 +200,7 @@ impl Workspace {
 
 /// Computes attention for a validated problem with the fused kernel, K and V read from `kv`
 /// (dense, packed or paged tensors), with the memory of `ws`.
-pub(crate) fn run<Q: Element, KV: Element, O: Element>(
+pub(crate) fn run<Q: Element, KV: KvElement, O: Element>(
     ws: &mut Workspace,
     problem: &Problem<'_>,
     q: &Tensor<'_, Q>,
@@ -221,7 +229,7 @@ fn run_typed(
     ws: &mut Workspace,
     problem: &Problem<'_>,
     q: Typed<Tensor<'_, f32>, Tensor<'_, f16>, Tensor<'_, bf16>>,
-    kv: Typed<TensorKv<'_, f32>, TensorKv<'_, f16>, TensorKv<'_, bf16>>,
+    kv: TypedKv<'_>,
     out: Typed<&mut TensorMut<'_, f32>, &mut TensorMut<'_, f16>, &mut TensorMut<'_, bf16>>,
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
@@ -235,7 +243,24 @@ fn run_typed(
             }
         };
     }
-    each!(q, |q| each!(kv, |kv| each!(out, |out| run_source(
+    macro_rules! each_kv {
+        ($x:expr, |$v:ident| $body:expr) => {
+            match $x {
+                TypedKv::F32($v) => $body,
+                TypedKv::F16($v) => $body,
+                TypedKv::Bf16($v) => $body,
+                TypedKv::I8(kv) => {
+                    // Present for i8 K/V: the problem's validation requires them.
+                    let Some(scales) = problem.kv_scales else {
+                        return Err(Error::KvScales { kv_type: "i8" });
+                    };
+                    let $v = QuantKv { kv, scales };
+                    $body
+                }
+            }
+        };
+    }
+    each!(q, |q| each_kv!(kv, |kv| each!(out, |out| run_source(
         ws,
         problem,
         &q,

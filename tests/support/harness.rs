@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sdpa::half::{bf16, f16};
 use sdpa::reference::{self, ErrorBound};
-use sdpa::{Element, Options, Tensor};
+use sdpa::{Element, KvElement, Options, Tensor};
 
 /// A deterministic generator: every test names its seed.
 pub fn rng(seed: u64) -> StdRng {
@@ -352,7 +352,7 @@ struct TypedCall<'a> {
 
 /// [`try_run`] with Q, K/V and the output of any element type; the output is returned as f32
 /// (exact).
-pub fn try_run_typed<Q: Element, KV: Element, O: Element>(
+pub fn try_run_typed<Q: Element, KV: KvElement, O: Element>(
     path: Path,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -417,7 +417,7 @@ fn typed_check<Q: Element, KV: Element, O: Element>(c: &TypedCall<'_>) -> Compar
 /// output of type `O`, and checks them: no padding written, `attention` bitwise equal to
 /// `attention_lse`, and every row through [`check_against_reference`] against
 /// `error_bounds(..).for_output::<O>()` under what `facts` says of its inputs.
-pub fn assert_tensors_against_reference<Q: Element, KV: Element, O: Element>(
+pub fn assert_tensors_against_reference<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,

@@ -1,0 +1,409 @@
+//! 8-bit K/V (`i8` with f32 scales, `Options::kv_scales`): every scale granularity (per
+//! tensor, per (token, kv head), per (kv head, channel), per batch and head, per element) with
+//! zero and negative scales, for each Q/out type, prefill and decode shapes, under the options,
+//! against the f64 reference within its bound; a negated value scale negates the output
+//! exactly and a zero one zeroes it; paged and packed caches equal the dense one bit for bit;
+//! invalid scales are typed errors that write nothing.
+
+use sdpa::half::{bf16, f16};
+use sdpa::{
+    Alignment, Dim, Element, Error, Operand, Options, PackedKv, PagedKv, Tensor, TensorMut,
+    VarlenKv,
+};
+
+mod support;
+use support::contract::RowFacts;
+use support::harness::{assert_tensors_against_reference, Layout};
+use support::values::SplitMix;
+
+/// Uniform 8-bit values in −127..=127 (and, rarely, −128).
+fn quantized(len: usize, seed: u64) -> Vec<i8> {
+    let mut r = SplitMix(seed);
+    (0..len)
+        .map(|i| match i % 97 {
+            0 => -128,
+            _ => (r.below(255) as i32 - 127) as i8,
+        })
+        .collect()
+}
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    SplitMix::unit_values(len, seed)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Granularity {
+    Tensor,
+    TokenHead,
+    HeadChannel,
+    BatchHead,
+    Element,
+}
+
+const GRANULARITIES: [Granularity; 5] = [
+    Granularity::Tensor,
+    Granularity::TokenHead,
+    Granularity::HeadChannel,
+    Granularity::BatchHead,
+    Granularity::Element,
+];
+
+/// Scales for K/V dims `[d0, d1, h, d]` at `g`: about `1/127 · (0.5 … 1.5)`, every third one
+/// negative and every seventh 0 (a single per-tensor scale stays positive).
+fn scales(g: Granularity, [d0, d1, h, d]: [usize; 4], seed: u64) -> (Vec<f32>, [usize; 4]) {
+    let dims = match g {
+        Granularity::Tensor => [1, 1, 1, 1],
+        Granularity::TokenHead => [d0, d1, h, 1],
+        Granularity::HeadChannel => [1, 1, h, d],
+        Granularity::BatchHead => [d0, 1, h, 1],
+        Granularity::Element => [d0, d1, h, d],
+    };
+    let n: usize = dims.iter().product();
+    let mut r = SplitMix(seed);
+    let data = (0..n)
+        .map(|i| {
+            let x = (0.5 + r.unit() as f32) / 127.0;
+            match (n, i % 7, i % 3) {
+                (1, _, _) => x,
+                (_, 6, _) => 0.0,
+                (_, _, 2) => -x,
+                _ => x,
+            }
+        })
+        .collect();
+    (data, dims)
+}
+
+/// One case: `b` sequences, `n_q` query rows, `h` query heads over `h_kv` kv heads, `n_kv`
+/// keys, head size `d`; K and V scaled at `g`; every option set of [`option_sets`].
+fn case<Q: Element, O: Element>([b, n_q, h, h_kv, n_kv, d]: [usize; 6], g: Granularity, seed: u64) {
+    let q32 = values(b * n_q * h * d, seed);
+    let q: Vec<Q> = q32.iter().map(|&x| Q::from_f32(x)).collect();
+    let k = quantized(b * n_kv * h_kv * d, seed + 1);
+    let v = quantized(b * n_kv * h_kv * d, seed + 2);
+    let kv_dims = [b, n_kv, h_kv, d];
+    let (ks, ks_dims) = scales(g, kv_dims, seed + 3);
+    let (vs, vs_dims) = scales(g, kv_dims, seed + 4);
+    let qv = Tensor::bshd(&q, [b, n_q, h, d]).unwrap();
+    let kv = Tensor::bshd(&k, kv_dims).unwrap();
+    let vv = Tensor::bshd(&v, kv_dims).unwrap();
+    let ksv = Tensor::bshd(&ks, ks_dims).unwrap();
+    let vsv = Tensor::bshd(&vs, vs_dims).unwrap();
+    let lens: Vec<usize> = (0..b).map(|i| n_kv - i * n_kv / 3).collect();
+    let slopes = sdpa::alibi_slopes(h).unwrap();
+    let sinks: Vec<f32> = (0..h).map(|x| x as f32 * 0.25 - 1.0).collect();
+    let bias = values(n_q * n_kv, seed + 5);
+    let bias_v = Tensor::bshd(&bias, [1, n_q, 1, n_kv]).unwrap();
+    let br = Alignment::BottomRight;
+    let sets = [
+        ("plain", Options::new()),
+        ("causal, kv_lens", Options::new().kv_lens(&lens).causal(br)),
+        (
+            "window, alibi",
+            Options::new()
+                .sliding_window(n_kv / 4, 0, br)
+                .alibi(&slopes, br),
+        ),
+        (
+            "softcap, sinks, bias",
+            Options::new().softcap(5.0).sinks(&sinks).bias(bias_v),
+        ),
+    ];
+    for (name, opts) in sets {
+        let opts = opts.kv_scales(ksv, vsv);
+        let label = format!(
+            "Q {} out {} {g:?} [b {b}, n_q {n_q}, h {h}/{h_kv}, n_kv {n_kv}, d {d}] {name}",
+            Q::NAME,
+            O::NAME
+        );
+        let cmp = assert_tensors_against_reference::<Q, i8, O>(
+            &qv,
+            &kv,
+            &vv,
+            Layout::BSHD,
+            &opts,
+            |_| RowFacts::FINITE,
+            &label,
+        );
+        assert!(cmp.worst_ratio <= 1.0, "{label}: {}", cmp.worst_ratio);
+    }
+}
+
+const PREFILL: [usize; 6] = [2, 37, 4, 2, 150, 72];
+const DECODE: [usize; 6] = [2, 1, 16, 4, 3000, 128];
+
+#[test]
+fn every_granularity_against_the_reference_f32() {
+    for (i, g) in GRANULARITIES.into_iter().enumerate() {
+        case::<f32, f32>(PREFILL, g, 10 + i as u64);
+        case::<f32, f32>(DECODE, g, 20 + i as u64);
+    }
+}
+
+#[test]
+fn every_granularity_against_the_reference_half() {
+    for (i, g) in GRANULARITIES.into_iter().enumerate() {
+        case::<f16, f16>(PREFILL, g, 30 + i as u64);
+        case::<bf16, bf16>(DECODE, g, 40 + i as u64);
+    }
+    case::<bf16, f32>(PREFILL, Granularity::TokenHead, 50);
+    case::<f16, f32>(DECODE, Granularity::HeadChannel, 51);
+}
+
+/// Runs dense i8 attention (B = 2, n_q = 3, H = 4, H_kv = 2, n_kv = 100, d = 32) with the
+/// given scales into a fresh output.
+fn run_dense(k_scale: &[f32], v_scale: &[f32], dims: [usize; 4]) -> Result<Vec<f32>, Error> {
+    let (b, n_q, h, h_kv, n_kv, d) = (2, 3, 4, 2, 100, 32);
+    let q = values(b * n_q * h * d, 1);
+    let k = quantized(b * n_kv * h_kv * d, 2);
+    let v = quantized(b * n_kv * h_kv * d, 3);
+    let mut out = vec![7.0f32; b * n_q * h * d];
+    let opts = Options::new().kv_scales(Tensor::bshd(k_scale, dims)?, Tensor::bshd(v_scale, dims)?);
+    sdpa::attention(
+        &Tensor::bshd(&q, [b, n_q, h, d])?,
+        &Tensor::bshd(&k, [b, n_kv, h_kv, d])?,
+        &Tensor::bshd(&v, [b, n_kv, h_kv, d])?,
+        &mut TensorMut::bshd(&mut out, [b, n_q, h, d])?,
+        &opts,
+    )?;
+    Ok(out)
+}
+
+#[test]
+fn negated_value_scales_negate_the_output_and_zero_ones_zero_it() {
+    let dims = [1, 1, 2, 32];
+    let ks: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 900.0).collect();
+    let vs: Vec<f32> = (0..64).map(|i| (i as f32 + 1.0) / 500.0).collect();
+    let neg: Vec<f32> = vs.iter().map(|x| -x).collect();
+    let plus = run_dense(&ks, &vs, dims).unwrap();
+    let minus = run_dense(&ks, &neg, dims).unwrap();
+    assert!(plus.iter().any(|&x| x != 0.0));
+    for (a, b) in plus.iter().zip(&minus) {
+        assert_eq!(a.to_bits(), (-b).to_bits());
+    }
+    let zero = run_dense(&ks, &[0.0; 64], dims).unwrap();
+    assert!(zero.iter().all(|&x| x == 0.0), "a zero value scale gives 0");
+}
+
+#[test]
+fn invalid_scales_are_typed_errors_and_write_nothing() {
+    let dims = [1, 1, 2, 32];
+    let ok = vec![0.01f32; 64];
+    let bad_at = |i: usize, x: f32| {
+        let mut s = ok.clone();
+        s[i] = x;
+        s
+    };
+    for x in [f32::NAN, f32::INFINITY, -f32::INFINITY, f32::MAX, -1e37] {
+        let e = run_dense(&ok, &bad_at(33, x), dims).unwrap_err();
+        assert_eq!(
+            e,
+            Error::InvalidValue {
+                operand: Operand::ValueScales,
+                index: 33,
+                reason: "scale is not finite, or |scale|·128 overflows f32",
+            },
+            "{x}"
+        );
+        let e = run_dense(&bad_at(5, x), &ok, dims).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidValue {
+                    operand: Operand::KeyScales,
+                    index: 5,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    // The largest valid magnitude is accepted.
+    run_dense(&bad_at(0, f32::MAX / 128.0), &ok, dims).unwrap();
+    // Scales that do not broadcast: 3 heads against 2.
+    let three = vec![0.01f32; 96];
+    let e = run_dense(&three, &three, [1, 1, 3, 32]).unwrap_err();
+    assert_eq!(
+        e,
+        Error::NotBroadcastable {
+            operand: Operand::KeyScales,
+            dim: Dim::Heads,
+            expected: 2,
+            got: 3
+        }
+    );
+
+    // i8 without scales, and scales with another type; nothing written.
+    let q = values(4 * 32, 1);
+    let k8 = quantized(10 * 2 * 32, 2);
+    let k32 = values(10 * 2 * 32, 2);
+    let qv = Tensor::bshd(&q, [1, 1, 4, 32]).unwrap();
+    let mut out = vec![7.0f32; 4 * 32];
+    let e = sdpa::attention(
+        &qv,
+        &Tensor::bshd(&k8, [1, 10, 2, 32]).unwrap(),
+        &Tensor::bshd(&k8, [1, 10, 2, 32]).unwrap(),
+        &mut TensorMut::bshd(&mut out, [1, 1, 4, 32]).unwrap(),
+        &Options::new(),
+    )
+    .unwrap_err();
+    assert_eq!(e, Error::KvScales { kv_type: "i8" });
+    let scale = Tensor::bshd(&ok[..1], [1, 1, 1, 1]).unwrap();
+    let e = sdpa::attention(
+        &qv,
+        &Tensor::bshd(&k32, [1, 10, 2, 32]).unwrap(),
+        &Tensor::bshd(&k32, [1, 10, 2, 32]).unwrap(),
+        &mut TensorMut::bshd(&mut out, [1, 1, 4, 32]).unwrap(),
+        &Options::new().kv_scales(scale, scale),
+    )
+    .unwrap_err();
+    assert_eq!(e, Error::KvScales { kv_type: "f32" });
+    assert!(out.iter().all(|&x| x == 7.0), "an error wrote output");
+}
+
+/// A paged pool and a packed batch holding the same i8 keys, values and per-(token, head)
+/// scales as a dense cache give the dense result bit for bit; a NaN scale in a page no
+/// sequence reaches is never read, one in a page in use is an error.
+#[test]
+fn paged_and_packed_equal_dense() {
+    let (b, n_q, h, h_kv, d, page) = (3, 2, 8, 2, 64, 16);
+    let pps = 7;
+    let cap = pps * page;
+    let lens = [cap, 60, 1];
+    let q = values(b * n_q * h * d, 9);
+    let k = quantized(b * cap * h_kv * d, 10);
+    let v = quantized(b * cap * h_kv * d, 11);
+    let (ks, _) = scales(Granularity::TokenHead, [b, cap, h_kv, d], 12);
+    let (vs, _) = scales(Granularity::TokenHead, [b, cap, h_kv, d], 13);
+    let qv = Tensor::bshd(&q, [b, n_q, h, d]).unwrap();
+    let opts = Options::new().kv_lens(&lens).causal(Alignment::BottomRight);
+    let dense_opts = opts.clone().kv_scales(
+        Tensor::bshd(&ks, [b, cap, h_kv, 1]).unwrap(),
+        Tensor::bshd(&vs, [b, cap, h_kv, 1]).unwrap(),
+    );
+    let n_out = b * n_q * h * d;
+    let mut want = vec![0.0f32; n_out];
+    sdpa::attention(
+        &qv,
+        &Tensor::bshd(&k, [b, cap, h_kv, d]).unwrap(),
+        &Tensor::bshd(&v, [b, cap, h_kv, d]).unwrap(),
+        &mut TensorMut::bshd(&mut want, [b, n_q, h, d]).unwrap(),
+        &dense_opts,
+    )
+    .unwrap();
+
+    // Pages in reverse order plus one spare page (index `b·pps`) that no sequence uses.
+    let pages = b * pps + 1;
+    let (row, srow) = (h_kv * d, h_kv);
+    let mut kp = vec![0i8; pages * page * row];
+    let mut vp = vec![0i8; pages * page * row];
+    let mut ksp = vec![f32::NAN; pages * page * srow];
+    let mut vsp = vec![f32::NAN; pages * page * srow];
+    let mut table = vec![0u32; b * pps];
+    for s in 0..b {
+        for p in 0..pps {
+            let dst = b * pps - 1 - (s * pps + p);
+            table[s * pps + p] = dst as u32;
+            for t in 0..page {
+                let (from, to) = (s * cap + p * page + t, dst * page + t);
+                kp[to * row..][..row].copy_from_slice(&k[from * row..][..row]);
+                vp[to * row..][..row].copy_from_slice(&v[from * row..][..row]);
+                ksp[to * srow..][..srow].copy_from_slice(&ks[from * srow..][..srow]);
+                vsp[to * srow..][..srow].copy_from_slice(&vs[from * srow..][..srow]);
+            }
+        }
+    }
+    let pool = |x| Tensor::bshd(x, [pages, page, h_kv, d]).unwrap();
+    let paged = PagedKv::new(pool(&kp), pool(&vp), &table, pps).unwrap();
+    let scale_dims = [pages, page, h_kv, 1];
+    let mut got = vec![9.0f32; n_out];
+    sdpa::attention_paged(
+        &qv,
+        &paged,
+        &mut TensorMut::bshd(&mut got, [b, n_q, h, d]).unwrap(),
+        None,
+        &with_scales(&opts, &ksp, &vsp, scale_dims),
+    )
+    .unwrap();
+    assert_eq!(bits(&got), bits(&want), "paged");
+
+    // The last slot of sequence 2's first page lies past its one key: never read, but a page
+    // in use is checked whole.
+    let mut bad = ksp.to_vec();
+    bad[(table[2 * pps] as usize * page + page - 1) * srow] = f32::NAN;
+    let e = sdpa::attention_paged(
+        &qv,
+        &paged,
+        &mut TensorMut::bshd(&mut got, [b, n_q, h, d]).unwrap(),
+        None,
+        &with_scales(&opts, &bad, &vsp, scale_dims),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidValue {
+                operand: Operand::KeyScales,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Packed: the sequences' live keys back to back.
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |t, &l| {
+            *t += l;
+            Some(*t)
+        }))
+        .collect();
+    let total = cu[b];
+    let pick = |x: &[i8]| -> Vec<i8> {
+        (0..b)
+            .flat_map(|s| x[s * cap * row..][..lens[s] * row].to_vec())
+            .collect()
+    };
+    let pick_s = |x: &[f32]| -> Vec<f32> {
+        (0..b)
+            .flat_map(|s| x[s * cap * srow..][..lens[s] * srow].to_vec())
+            .collect()
+    };
+    let (kk, vk, kss, vss) = (pick(&k), pick(&v), pick_s(&ks), pick_s(&vs));
+    let packed = PackedKv::new(
+        Tensor::bshd(&kk, [1, total, h_kv, d]).unwrap(),
+        Tensor::bshd(&vk, [1, total, h_kv, d]).unwrap(),
+        &cu,
+    );
+    let cu_q: Vec<usize> = (0..=b).map(|s| s * n_q).collect();
+    let q_packed = Tensor::bshd(&q, [1, b * n_q, h, d]).unwrap();
+    let mut got = vec![9.0f32; n_out];
+    sdpa::attention_varlen(
+        &q_packed,
+        &cu_q,
+        &VarlenKv::Packed(packed),
+        &mut TensorMut::bshd(&mut got, [1, b * n_q, h, d]).unwrap(),
+        None,
+        &Options::new().causal(Alignment::BottomRight).kv_scales(
+            Tensor::bshd(&kss, [1, total, h_kv, 1]).unwrap(),
+            Tensor::bshd(&vss, [1, total, h_kv, 1]).unwrap(),
+        ),
+    )
+    .unwrap();
+    assert_eq!(bits(&got), bits(&want), "packed");
+}
+
+fn with_scales<'a>(
+    opts: &Options<'a>,
+    ks: &'a [f32],
+    vs: &'a [f32],
+    dims: [usize; 4],
+) -> Options<'a> {
+    opts.clone().kv_scales(
+        Tensor::bshd(ks, dims).unwrap(),
+        Tensor::bshd(vs, dims).unwrap(),
+    )
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
