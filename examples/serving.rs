@@ -19,7 +19,7 @@
 
 use sdpa::half::f16;
 use sdpa::reference;
-use sdpa::{Alignment, Element, Error, Options, PagedKv, Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::{Alignment, Error, KvElement, Options, PagedKv, Tensor, TensorMut, VarlenKv, Workspace};
 
 type Cache = f16;
 const H: usize = 8; // query heads

@@ -57,6 +57,9 @@ pub(crate) struct KvScales<'a> {
     pub v: Broadcast<'a, f32>,
 }
 
+/// A check of one dim-0 slice of a scale tensor.
+type Visit<'v> = dyn FnMut(usize) -> Result<(), Error> + 'v;
+
 /// The largest scale magnitude: `128 · scale` stays finite, so no dequantized value overflows.
 const MAX_SCALE: f32 = f32::MAX / 128.0;
 
@@ -68,7 +71,7 @@ fn check_scales<'a, KV: KvElement>(
     opts: &Options<'a>,
     k_dims: [usize; 4],
     v_dims: [usize; 4],
-    rows: &dyn Fn(usize, &mut dyn FnMut(usize) -> Result<(), Error>) -> Result<(), Error>,
+    rows: &dyn Fn(usize, &mut Visit<'_>) -> Result<(), Error>,
 ) -> Result<Option<KvScales<'a>>, Error> {
     let Some((k, v)) = &opts.kv_scales else {
         return match KV::QUANTIZED {
@@ -88,7 +91,7 @@ fn check_scales<'a, KV: KvElement>(
                     for i3 in 0..n3 {
                         let at = offset([i0, i1, i2, i3], t.strides());
                         let x = t.data()[at];
-                        if !(x.abs() <= MAX_SCALE) {
+                        if x.is_nan() || x.abs() > MAX_SCALE {
                             return Err(Error::InvalidValue {
                                 operand,
                                 index: at,
@@ -113,7 +116,7 @@ fn check_scales<'a, KV: KvElement>(
 }
 
 /// Every dim-0 index below `n` (dense and packed K/V).
-fn all_rows(n: usize, f: &mut dyn FnMut(usize) -> Result<(), Error>) -> Result<(), Error> {
+fn all_rows(n: usize, f: &mut Visit<'_>) -> Result<(), Error> {
     (0..n).try_for_each(f)
 }
 
@@ -471,7 +474,7 @@ impl<'a> Problem<'a> {
         opts: &Options<'a>,
     ) -> Result<Option<KvScales<'a>>, Error> {
         let page_size = kv.k.dims()[1];
-        let used = |_: usize, f: &mut dyn FnMut(usize) -> Result<(), Error>| {
+        let used = |_: usize, f: &mut Visit<'_>| {
             (0..self.batch).try_for_each(|b| {
                 let n = self.kv_len(b).div_ceil(page_size);
                 kv.block_table[b * kv.pages_per_seq..][..n]
