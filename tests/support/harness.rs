@@ -290,12 +290,13 @@ pub fn ulps(a: f32, b: f32) -> u32 {
     (key(a) - key(b)).unsigned_abs() as u32
 }
 
-/// An element type of the crate (`sdpa::Element`).
+/// An element type of the crate (`sdpa::Element`; `I8` for K/V only, `sdpa::KvElement`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     F32,
     F16,
     Bf16,
+    I8,
 }
 
 /// The element types of Q, of K and V (one type), and of the output of one call.
@@ -322,7 +323,7 @@ impl Types {
         let all = [Elem::F32, Elem::F16, Elem::Bf16];
         Types {
             q: rng.pick(&all),
-            kv: rng.pick(&all),
+            kv: rng.pick(&[Elem::F32, Elem::F16, Elem::Bf16, Elem::I8]),
             out: rng.pick(&all),
         }
     }
@@ -464,10 +465,82 @@ pub fn assert_tensors_against_reference<Q: Element, KV: KvElement, O: Element>(
 
 fn typed_out<Q: Element, KV: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
     match t.out {
-        Elem::F32 => typed_check::<Q, KV, f32>(c),
+        Elem::F32 | Elem::I8 => typed_check::<Q, KV, f32>(c),
         Elem::F16 => typed_check::<Q, KV, f16>(c),
         Elem::Bf16 => typed_check::<Q, KV, bf16>(c),
     }
+}
+
+fn quantized_out<Q: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
+    match t.out {
+        Elem::F32 | Elem::I8 => quantized_check::<Q, f32>(c),
+        Elem::F16 => quantized_check::<Q, f16>(c),
+        Elem::Bf16 => quantized_check::<Q, bf16>(c),
+    }
+}
+
+/// The check of [`typed_check`] with i8 K/V: each of K and V quantized with one step `s`
+/// (`max |x| / 127` over its finite values; NaN → 0, ±∞ → ±127), and scales — at a
+/// granularity the shapes choose: per (token, kv head), per (kv head, channel) or per tensor —
+/// cycling through `s`, `s/2`, `−s`, `2s` and 0 (a per-tensor scale is `s`).
+fn quantized_check<Q: Element, O: Element>(c: &TypedCall<'_>) -> Comparison {
+    let label = &format!("{} [Q {}, K/V i8, out {}]", c.label, Q::NAME, O::NAME);
+    let step = |b: &Buffer| {
+        let m = b
+            .logical()
+            .into_iter()
+            .filter(|x| x.is_finite())
+            .fold(0.0f32, |m, x| m.max(x.abs()));
+        if m > 0.0 {
+            m / 127.0
+        } else {
+            1.0
+        }
+    };
+    let quantize = |b: &Buffer, s: f32| {
+        b.map(|x| {
+            if x.is_nan() {
+                0
+            } else {
+                (x / s).round().clamp(-127.0, 127.0) as i8
+            }
+        })
+    };
+    let scales = |b: &Buffer, s: f32| -> Buffer {
+        let [d0, d1, h, d] = b.dims;
+        let dims = match (d1 + d) % 3 {
+            0 => [d0, d1, h, 1],
+            1 => [1, 1, h, d],
+            _ => [1, 1, 1, 1],
+        };
+        let n: usize = dims.iter().product();
+        let cycle = [1.0, 0.5, -1.0, 2.0, 0.0];
+        let values: Vec<f32> = (0..n)
+            .map(|i| {
+                if n == 1 {
+                    s
+                } else {
+                    s * cycle[i % cycle.len()]
+                }
+            })
+            .collect();
+        Buffer::bshd(dims, &values)
+    };
+    let (sk, sv) = (step(c.k), step(c.v));
+    let (k, v) = (quantize(c.k, sk), quantize(c.v, sv));
+    let (ks, vs) = (scales(c.k, sk), scales(c.v, sv));
+    let q = c.q.map(Q::from_f32);
+    let opts = c.opts.clone().kv_scales(ks.view(), vs.view());
+    let finite = |_| RowFacts::FINITE;
+    assert_tensors_against_reference::<Q, i8, O>(
+        &q.view(),
+        &k.view(),
+        &v.view(),
+        c.out_layout,
+        &opts,
+        finite,
+        label,
+    )
 }
 
 fn typed_kv<Q: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
@@ -475,6 +548,7 @@ fn typed_kv<Q: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
         Elem::F32 => typed_out::<Q, f32>(t, c),
         Elem::F16 => typed_out::<Q, f16>(t, c),
         Elem::Bf16 => typed_out::<Q, bf16>(t, c),
+        Elem::I8 => quantized_out::<Q>(t, c),
     }
 }
 
@@ -500,7 +574,7 @@ pub fn assert_typed_close_to_reference(
         label,
     };
     match types.q {
-        Elem::F32 => typed_kv::<f32>(types, &c),
+        Elem::F32 | Elem::I8 => typed_kv::<f32>(types, &c),
         Elem::F16 => typed_kv::<f16>(types, &c),
         Elem::Bf16 => typed_kv::<bf16>(types, &c),
     }

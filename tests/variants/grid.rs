@@ -4,7 +4,7 @@
 
 use super::{check, rng, Buffer, Layout};
 use crate::support::differential::Shape;
-use crate::support::harness::{assert_typed_close_to_reference, Types};
+use crate::support::harness::{assert_typed_close_to_reference, Elem, Types};
 pub use crate::support::opts::Mix;
 use crate::support::opts::{OptData, OptSpec};
 use crate::support::values::SplitMix;
@@ -142,6 +142,7 @@ fn random_option_combinations_match_the_reference() {
     let mut rows = 0;
     let mut cross = [0, 0];
     let mut typed = 0;
+    let mut quantized = 0;
     for case in 0..cases {
         let shape = random_shape(&mut rng);
         // Every 8th case uses every option at once.
@@ -149,6 +150,7 @@ fn random_option_combinations_match_the_reference() {
         let c = Case::random(&mut rng, shape, mix, format!("case {case}"));
         let r = c.check();
         typed += usize::from(c.types != Types::F32);
+        quantized += usize::from(c.types.kv == Elem::I8);
         worst = worst.max(r.worst_ratio);
         empty += r.empty_rows;
         rows += r.bounds.len();
@@ -157,9 +159,10 @@ fn random_option_combinations_match_the_reference() {
     }
     eprintln!(
         "{cases} cases: worst error/bound {worst:.3e}, {empty} of {rows} rows empty, \
-         cross {cross:?}, {typed} with f16/bf16 operands or output"
+         cross {cross:?}, {typed} with f16/bf16/i8 operands or output ({quantized} i8 K/V)"
     );
     assert!(typed > 50, "only {typed} cases with other element types");
+    assert!(quantized > 10, "only {quantized} cases with i8 K/V");
     // The grid did reach the interesting corners, and most rows do see keys.
     assert!(
         empty > 0 && empty * 2 < rows,
