@@ -17,15 +17,18 @@
 //! times and their medians compared: `sdpa/read` is the fraction of the measured bandwidth
 //! sdpa reaches.
 //!
+//! i8 caches come with per-(token, kv head) scales (`Options::kv_scales`), whose bytes are
+//! counted as K/V bytes.
+//!
 //! `--batched` adds B = 8 sequences of 1k…32k live keys in `[8, 32768, H_kv, d]` buffers
 //! (`kv_lens`), counting only the live keys' bytes.
 //!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5), `--gib X`,
-//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16`, `--batched`, `--bhsd`
+//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16,i8`, `--batched`, `--bhsd`
 //! (caches laid out `[B, H_kv, n_kv, d]` instead of `[B, n_kv, H_kv, d]`).
 
 use sdpa::half::{bf16, f16};
-use sdpa::{Alignment, Element, Options, Tensor, TensorMut, Workspace};
+use sdpa::{Alignment, Element, KvElement, Options, Tensor, TensorMut, Workspace};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -128,14 +131,48 @@ fn compare(rounds: usize, bytes: f64, mut step: impl FnMut(), buf: &[f32]) -> (f
     (median(a), median(b))
 }
 
-fn convert<T: Element>(x: &[f32]) -> Vec<T> {
-    x.iter().map(|&v| T::from_f32(v)).collect()
+/// A K/V type the bench fills: the float types by rounding, `i8` as `round(127·x)` for
+/// values in [−1, 1] with per-(token, kv head) scales of 1/127.
+trait Cache: KvElement {
+    fn from_unit(x: f32) -> Self;
+}
+
+macro_rules! float_cache {
+    ($($t:ty),*) => {$(
+        impl Cache for $t {
+            fn from_unit(x: f32) -> Self {
+                <$t as Element>::from_f32(x)
+            }
+        }
+    )*};
+}
+float_cache!(f32, f16, bf16);
+
+impl Cache for i8 {
+    fn from_unit(x: f32) -> Self {
+        (x * 127.0).round().clamp(-127.0, 127.0) as i8
+    }
+}
+
+fn convert<T: Cache>(x: &[f32]) -> Vec<T> {
+    x.iter().map(|&v| T::from_unit(v)).collect()
+}
+
+/// The scales of `keys` tokens (one per kv head), as K/V views of `layout`, for i8 caches.
+fn scale_views(scales: &[f32], batch: usize, keys: usize, bhsd: bool) -> Tensor<'_, f32> {
+    if bhsd {
+        Tensor::bhsd(scales, [batch, H_KV, keys, 1]).unwrap()
+    } else {
+        Tensor::bshd(scales, [batch, keys, H_KV, 1]).unwrap()
+    }
 }
 
 /// Layers of `n_kv`-key caches of type `T` filling `gib`: prints one line.
-fn layers<T: Element>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32]) {
+fn layers<T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32]) {
     let per_layer = n_kv * H_KV * D;
-    let layer_bytes = 2 * per_layer * std::mem::size_of::<T>();
+    // i8: the scales (4 bytes per token and kv head, of K and of V) are read too.
+    let scale_bytes = if T::QUANTIZED { 2 * n_kv * H_KV * 4 } else { 0 };
+    let layer_bytes = 2 * per_layer * std::mem::size_of::<T>() + scale_bytes;
     let n_layers = ((gib * (1u64 << 30) as f64) / layer_bytes as f64).ceil() as usize;
     let src = values(per_layer, 7);
     // Each layer's caches are their own allocations (as an engine's are), with distinct
@@ -145,23 +182,26 @@ fn layers<T: Element>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f
             let mut k = convert::<T>(&src);
             let mut v = convert::<T>(&src);
             for r in (0..per_layer).step_by(D) {
-                k[r] = T::from_f32(l as f32 * 1e-3);
-                v[r + 1] = T::from_f32(-(l as f32) * 1e-3);
+                k[r] = T::from_unit(l as f32 * 1e-2);
+                v[r + 1] = T::from_unit(-(l as f32) * 1e-2);
             }
             (k, v)
         })
+        .collect();
+    let scales: Vec<Vec<f32>> = (0..n_layers * usize::from(T::QUANTIZED))
+        .map(|_| vec![1.0 / 127.0; n_kv * H_KV])
         .collect();
     let q = values(H * D, 3);
     let mut out = vec![0.0f32; H * D];
     let mut ws = Workspace::new();
     let qv = Tensor::bshd(&q, [1, 1, H, D]).unwrap();
-    let opts = Options::new();
+    let plain = Options::new();
     let bytes = (n_layers * layer_bytes) as f64;
     let (sdpa, read) = compare(
         rounds,
         bytes,
         || {
-            for (k, v) in &caches {
+            for (l, (k, v)) in caches.iter().enumerate() {
                 let (kt, vt) = if bhsd {
                     let shape = [1, H_KV, n_kv, D];
                     (Tensor::bhsd(k, shape), Tensor::bhsd(v, shape))
@@ -171,6 +211,13 @@ fn layers<T: Element>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f
                 };
                 let (kt, vt) = (kt.unwrap(), vt.unwrap());
                 let mut o = TensorMut::bshd(&mut out, [1, 1, H, D]).unwrap();
+                let opts = match scales.get(l) {
+                    Some(s) => {
+                        let sv = scale_views(s, 1, n_kv, bhsd);
+                        plain.clone().kv_scales(sv, sv)
+                    }
+                    None => plain.clone(),
+                };
                 ws.attention(&qv, &kt, &vt, &mut o, &opts).unwrap();
             }
         },
@@ -186,7 +233,7 @@ fn layers<T: Element>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f
 }
 
 /// B = 8 sequences of different live lengths in one call.
-fn batched<T: Element>(rounds: usize, buf: &[f32]) {
+fn batched<T: Cache>(rounds: usize, buf: &[f32]) {
     let lens = [1024usize, 32768, 2048, 16384, 4096, 24576, 8192, 12288];
     let (b, max_len) = (lens.len(), 32768);
     let row = H_KV * D;
@@ -206,9 +253,15 @@ fn batched<T: Element>(rounds: usize, buf: &[f32]) {
     let qv = Tensor::bshd(&q, [b, 1, H, D]).unwrap();
     let kt = Tensor::bshd(&k, [b, max_len, H_KV, D]).unwrap();
     let vt = Tensor::bshd(&v, [b, max_len, H_KV, D]).unwrap();
-    let opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
+    let scales = vec![1.0f32 / 127.0; b * max_len * H_KV];
+    let mut opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
+    if T::QUANTIZED {
+        let sv = scale_views(&scales, b, max_len, false);
+        opts = opts.kv_scales(sv, sv);
+    }
     let live: usize = lens.iter().sum();
-    let bytes = (2 * live * row * std::mem::size_of::<T>()) as f64;
+    let scale_bytes = if T::QUANTIZED { 2 * live * H_KV * 4 } else { 0 };
+    let bytes = (2 * live * row * std::mem::size_of::<T>() + scale_bytes) as f64;
     let (sdpa, read) = compare(
         rounds,
         bytes,
@@ -230,7 +283,7 @@ fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut rounds, mut gib) = (5usize, 1.0f64);
     let mut n_kvs = vec![4096usize, 16384, 65536];
-    let mut types = vec!["f32".to_string(), "f16".into(), "bf16".into()];
+    let mut types = vec!["f32".to_string(), "f16".into(), "bf16".into(), "i8".into()];
     let (mut with_batched, mut bhsd) = (false, false);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -273,6 +326,7 @@ fn main() {
                     "f32" => layers::<f32>(rounds, gib, n_kv, bhsd, &buf),
                     "f16" => layers::<f16>(rounds, gib, n_kv, bhsd, &buf),
                     "bf16" => layers::<bf16>(rounds, gib, n_kv, bhsd, &buf),
+                    "i8" => layers::<i8>(rounds, gib, n_kv, bhsd, &buf),
                     other => panic!("unknown type {other}"),
                 }
             }
@@ -280,6 +334,7 @@ fn main() {
                 match ty.as_str() {
                     "f32" => batched::<f32>(rounds, &buf),
                     "f16" => batched::<f16>(rounds, &buf),
+                    "i8" => batched::<i8>(rounds, &buf),
                     _ => batched::<bf16>(rounds, &buf),
                 }
             }

@@ -161,6 +161,7 @@ fn random_differential_cases() {
     assert!(stats.rows_empty >= n, "{stats:?}");
     assert!(stats.rows_nan_only >= n, "{stats:?}");
     assert!(stats.invalid_options >= n / 50, "{stats:?}");
+    assert!(stats.typed >= n / 100, "{stats:?}");
 }
 
 #[test]

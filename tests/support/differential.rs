@@ -33,6 +33,7 @@ use super::bytes::{pick, urange, Writer};
 use super::contract::{check_against_reference, Outputs, RowAt, RowFacts};
 use super::layout::{indices, Buffer, Layout, POISON, SENTINEL};
 use super::opts::{OptData, OptSpec};
+use super::typed::{check_typed, Types};
 use super::values::{Fill, Scope, Values};
 use arbitrary::{Arbitrary, Result, Unstructured};
 use sdpa::reference::ErrorBound;
@@ -255,8 +256,11 @@ pub struct DiffCase {
     pub layouts: [Layout; 4],
     /// Values of Q, K, V.
     pub values: Values,
-    /// Options (last, so new options append).
+    /// Options.
     pub opts: OptSpec,
+    /// Element types (last, one byte: inputs that end before it are all f32), checked after
+    /// the f32 run where the inputs stay finite in every type.
+    pub types: Types,
 }
 
 impl DiffCase {
@@ -267,6 +271,7 @@ impl DiffCase {
             layouts: [Layout::BSHD; 4],
             values: Values::unit(seed),
             opts,
+            types: Types::F32,
         }
     }
 
@@ -281,11 +286,13 @@ impl DiffCase {
         ];
         let values = Values::decode(u)?;
         let opts = OptSpec::decode(u)?;
+        let types = Types::decode(u)?;
         Ok(DiffCase {
             shape,
             layouts,
             values,
             opts,
+            types,
         })
     }
 
@@ -298,6 +305,7 @@ impl DiffCase {
         }
         self.values.encode(&mut w);
         self.opts.encode(&mut w);
+        self.types.encode(&mut w);
         w.bytes
     }
 }
@@ -324,6 +332,8 @@ pub struct Stats {
     pub rows_nan_only: usize,
     /// Largest `|fused − reference| / bound` seen (0 where the bound was 0 and they agreed).
     pub worst_ratio: f64,
+    /// Cases checked once more with f16/bf16/i8 operands or output ([`check_typed`]).
+    pub typed: usize,
 }
 
 impl Stats {
@@ -334,6 +344,7 @@ impl Stats {
         self.rows_in_bound += other.rows_in_bound;
         self.rows_empty += other.rows_empty;
         self.rows_nan_only += other.rows_nan_only;
+        self.typed += other.typed;
         self.worst_ratio = self.worst_ratio.max(other.worst_ratio);
     }
 }
@@ -544,6 +555,19 @@ pub fn check(case: &DiffCase) -> Stats {
         },
         &mut stats,
     );
+    // The drawn element types, where every row had the full f32 check and every input stays
+    // finite in every type (f16's largest value is 65504; i8 scales are finite by design).
+    let finite = |b: &Buffer| b.logical().iter().all(|x| x.abs() <= 60000.0);
+    if case.types != Types::F32
+        && stats.rows_nan_only == 0
+        && [&inp.q, &inp.k, &inp.v].into_iter().all(finite)
+    {
+        let label = format!("typed {:?}", case.types);
+        let (q, k, v) = (&inp.q, &inp.k, &inp.v);
+        let tally = check_typed(case.types, q, k, v, case.layouts[3], &opts, &label);
+        stats.worst_ratio = stats.worst_ratio.max(tally.worst_ratio);
+        stats.typed = 1;
+    }
     stats
 }
 

@@ -14,7 +14,8 @@ pub use super::contract::Outputs;
 use super::contract::{check_against_reference, RowAt, RowFacts};
 pub use super::differential::Shape;
 pub use super::layout::{Buffer, Layout};
-use super::values::SplitMix;
+use super::typed::{quantize, Quantized};
+pub use super::typed::{Elem, Types};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sdpa::half::{bf16, f16};
@@ -290,57 +291,6 @@ pub fn ulps(a: f32, b: f32) -> u32 {
     (key(a) - key(b)).unsigned_abs() as u32
 }
 
-/// An element type of the crate (`sdpa::Element`; `I8` for K/V only, `sdpa::KvElement`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Elem {
-    F32,
-    F16,
-    Bf16,
-    I8,
-}
-
-/// The element types of Q, of K and V (one type), and of the output of one call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Types {
-    pub q: Elem,
-    pub kv: Elem,
-    pub out: Elem,
-}
-
-impl Types {
-    /// Everything f32.
-    pub const F32: Types = Types {
-        q: Elem::F32,
-        kv: Elem::F32,
-        out: Elem::F32,
-    };
-
-    /// All f32 in half of the draws; otherwise each of Q, K/V and the output any type.
-    pub fn random(rng: &mut SplitMix) -> Types {
-        if rng.chance(0.5) {
-            return Types::F32;
-        }
-        let all = [Elem::F32, Elem::F16, Elem::Bf16];
-        Types {
-            q: rng.pick(&all),
-            kv: rng.pick(&[Elem::F32, Elem::F16, Elem::Bf16, Elem::I8]),
-            out: rng.pick(&all),
-        }
-    }
-}
-
-impl<T: Copy> Buffer<T> {
-    /// The same layout with every element (padding included) converted by `f`.
-    pub fn map<U>(&self, f: impl Fn(T) -> U) -> Buffer<U> {
-        Buffer {
-            data: self.data.iter().map(|&x| f(x)).collect(),
-            start: self.start,
-            dims: self.dims,
-            strides: self.strides,
-        }
-    }
-}
-
 /// One call of [`assert_typed_close_to_reference`].
 struct TypedCall<'a> {
     q: &'a Buffer,
@@ -479,56 +429,15 @@ fn quantized_out<Q: Element>(t: Types, c: &TypedCall<'_>) -> Comparison {
     }
 }
 
-/// The check of [`typed_check`] with i8 K/V: each of K and V quantized with one step `s`
-/// (`max |x| / 127` over its finite values; NaN → 0, ±∞ → ±127), and scales — at a
-/// granularity the shapes choose: per (token, kv head), per (kv head, channel) or per tensor —
-/// cycling through `s`, `s/2`, `−s`, `2s` and 0 (a per-tensor scale is `s`).
+/// The check of [`typed_check`] with i8 K/V from [`quantize`].
 fn quantized_check<Q: Element, O: Element>(c: &TypedCall<'_>) -> Comparison {
     let label = &format!("{} [Q {}, K/V i8, out {}]", c.label, Q::NAME, O::NAME);
-    let step = |b: &Buffer| {
-        let m = b
-            .logical()
-            .into_iter()
-            .filter(|x| x.is_finite())
-            .fold(0.0f32, |m, x| m.max(x.abs()));
-        if m > 0.0 {
-            m / 127.0
-        } else {
-            1.0
-        }
-    };
-    let quantize = |b: &Buffer, s: f32| {
-        b.map(|x| {
-            if x.is_nan() {
-                0
-            } else {
-                (x / s).round().clamp(-127.0, 127.0) as i8
-            }
-        })
-    };
-    let scales = |b: &Buffer, s: f32| -> Buffer {
-        let [d0, d1, h, d] = b.dims;
-        let dims = match (d1 + d) % 3 {
-            0 => [d0, d1, h, 1],
-            1 => [1, 1, h, d],
-            _ => [1, 1, 1, 1],
-        };
-        let n: usize = dims.iter().product();
-        let cycle = [1.0, 0.5, -1.0, 2.0, 0.0];
-        let values: Vec<f32> = (0..n)
-            .map(|i| {
-                if n == 1 {
-                    s
-                } else {
-                    s * cycle[i % cycle.len()]
-                }
-            })
-            .collect();
-        Buffer::bshd(dims, &values)
-    };
-    let (sk, sv) = (step(c.k), step(c.v));
-    let (k, v) = (quantize(c.k, sk), quantize(c.v, sv));
-    let (ks, vs) = (scales(c.k, sk), scales(c.v, sv));
+    let Quantized {
+        k,
+        v,
+        k_scales: ks,
+        v_scales: vs,
+    } = quantize(c.k, c.v);
     let q = c.q.map(Q::from_f32);
     let opts = c.opts.clone().kv_scales(ks.view(), vs.view());
     let finite = |_| RowFacts::FINITE;

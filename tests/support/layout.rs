@@ -359,3 +359,15 @@ impl<T: Copy> Buffer<T> {
             .expect("valid layout")
     }
 }
+
+impl<T: Copy> Buffer<T> {
+    /// The same layout with every element (padding included) converted by `f`.
+    pub fn map<U>(&self, f: impl Fn(T) -> U) -> Buffer<U> {
+        Buffer {
+            data: self.data.iter().map(|&x| f(x)).collect(),
+            start: self.start,
+            dims: self.dims,
+            strides: self.strides,
+        }
+    }
+}

@@ -42,6 +42,7 @@ pub mod layout;
 pub mod merge;
 pub mod opts;
 pub mod seeds;
+pub mod typed;
 pub mod values;
 
 use arbitrary::Unstructured;

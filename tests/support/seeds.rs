@@ -10,6 +10,7 @@ use super::opts::{
     CausalKind, HeadSpec, HeadValues, Holes, KvLensKind, OptSpec, ScaleKind, SoftcapKind, TermSpec,
     WideSpec, WindowSpec,
 };
+use super::typed::{Elem, Types};
 use super::values::{Dist, Fill, Scope, Special, SpecialValue, SplitMix, Values};
 use sdpa::Alignment;
 
@@ -71,6 +72,10 @@ pub fn differential() -> Vec<(&'static str, DiffCase)> {
         values: article_values.clone(),
         ..plain(shape(1, 1, 1, 3, 3, 2, 2), opts, 0)
     };
+    let with_types = |mut c: DiffCase, types: Types| {
+        c.types = types;
+        c
+    };
     let with_values = |mut c: DiffCase, values: Values| {
         c.values = values;
         c
@@ -120,6 +125,39 @@ pub fn differential() -> Vec<(&'static str, DiffCase)> {
         ),
         ("gqa-4x2", plain(shape(2, 4, 2, 17, 31, 16, 16), none, 7)),
         ("mqa-8", plain(shape(1, 1, 8, 20, 50, 64, 64), none, 8)),
+        (
+            "types-f16-i8-bf16",
+            with_types(
+                plain(shape(2, 4, 2, 17, 31, 16, 16), causal(BottomRight), 7),
+                Types {
+                    q: Elem::F16,
+                    kv: Elem::I8,
+                    out: Elem::Bf16,
+                },
+            ),
+        ),
+        (
+            "types-bf16-decode",
+            with_types(
+                plain(shape(2, 2, 4, 1, 289, 128, 128), causal(BottomRight), 6),
+                Types {
+                    q: Elem::Bf16,
+                    kv: Elem::Bf16,
+                    out: Elem::F16,
+                },
+            ),
+        ),
+        (
+            "types-f32-i8-decode",
+            with_types(
+                plain(shape(1, 2, 4, 1, 297, 64, 64), none, 8),
+                Types {
+                    q: Elem::F32,
+                    kv: Elem::I8,
+                    out: Elem::F32,
+                },
+            ),
+        ),
         ("tails-63", plain(shape(1, 1, 1, 63, 63, 64, 64), none, 9)),
         ("tails-64", plain(shape(1, 1, 1, 64, 64, 64, 64), none, 10)),
         ("tails-65", plain(shape(1, 1, 1, 65, 65, 65, 65), none, 11)),
