@@ -260,6 +260,10 @@ fn gamma(n: usize) -> f64 {
 ///    at most 32 parts, the final division, the reference's own rounding), and none is
 ///    amplified (the accumulators are divided by `l ≥ 1`).
 ///
+/// 6. i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32, a relative `u`:
+///    one more rounding in every score product (`γ_{d_k+3}` in step 1) and values off by
+///    `u · max‖v‖` (one more `u` in the output bound below).
+///
 /// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u) + (3n + 66)·η` (the `min`'s second
 /// term: both results are convex combinations of the values, whatever the weights; it takes
 /// over when `θ ≥ 1`) and `lse ≤ Δ + θ + γ_n + u·|lse|`.

@@ -11,6 +11,7 @@ mod support;
 use support::differential::{check, DiffCase, Shape};
 use support::layout::Layout;
 use support::opts::{CausalKind, OptSpec};
+use support::typed::{Elem, Types};
 use support::{api, seeds};
 
 /// Largest `B·H·n_q·n_kv·(d_k+d_v)` of a seed run here.
@@ -74,9 +75,20 @@ fn tile_edges_layouts_and_causal() {
             ],
             ..DiffCase::plain(shape(2, 2, 1, 4, 5, 4), OptSpec::default(), 7)
         },
+        // i8 K/V with scales, f16 Q, bf16 output: the typed entry point and the dequantizing
+        // K/V source.
+        DiffCase {
+            types: Types {
+                q: Elem::F16,
+                kv: Elem::I8,
+                out: Elem::Bf16,
+            },
+            ..DiffCase::plain(shape(1, 1, 2, 3, 5, 4), OptSpec::causal(BottomRight), 8)
+        },
     ];
     for case in &cases {
-        check(case);
+        let stats = check(case);
+        assert_eq!(stats.typed, usize::from(case.types != Types::F32));
     }
 }
 
