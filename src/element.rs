@@ -83,6 +83,18 @@ pub enum TypedKv<'a> {
 /// A type K and V may hold: the three [`Element`] types, and `i8`, 8-bit quantized values
 /// that the kernel dequantizes as `value = i8 · scale` with the scales of
 /// [`Options::kv_scales`](crate::Options::kv_scales). Sealed.
+///
+/// `i8` is a K/V type only: queries or an output of `i8` do not compile.
+///
+/// ```compile_fail
+/// # use sdpa::{Options, Tensor, TensorMut};
+/// let (q, k) = ([0i8; 4], [0i8; 4]);
+/// let mut out = [0i8; 4];
+/// let q = Tensor::bshd(&q, [1, 1, 1, 4]).unwrap();
+/// let k = Tensor::bshd(&k, [1, 1, 1, 4]).unwrap();
+/// let mut out = TensorMut::bshd(&mut out, [1, 1, 1, 4]).unwrap();
+/// sdpa::attention(&q, &k, &k, &mut out, &Options::new()).unwrap();
+/// ```
 pub trait KvElement: sealed::SealedKv + Copy + Send + Sync + std::fmt::Debug + 'static {
     /// The type's name, for messages.
     const NAME: &'static str;
