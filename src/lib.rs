@@ -28,8 +28,10 @@
 //!
 //! ## Element types
 //! Q, K/V and the output each take `f32`, [`half::f16`] or [`half::bf16`] ([`Element`]); K and
-//! V share one type. Arithmetic is f32; half-precision inputs are converted where blocks are
-//! loaded, and the output is rounded once, at the end, to its type.
+//! V share one type, which may also be `i8` ([`KvElement`]) with f32 scales given by
+//! [`Options::kv_scales`] (per tensor, per (token, kv head), per (kv head, channel), or any
+//! other broadcast). Arithmetic is f32; half-precision and 8-bit inputs are converted where
+//! blocks are loaded, and the output is rounded once, at the end, to its type.
 //!
 //! ## Paged caches and packed batches
 //! [`attention_paged`] reads K/V from a paged cache ([`PagedKv`]: page pools and a block table,
