@@ -119,7 +119,8 @@ use problem::Problem;
 /// [`Error::ShapeMismatch`] when the dims of K, V or `out` do not match Q's (and each other);
 /// [`Error::HeadsNotDivisible`] when `H` is not a positive multiple of `H_kv`;
 /// [`Error::ZeroHeadDim`] when `d_k = 0`; [`Error::InvalidScale`] for a NaN or infinite scale;
-/// the option errors listed on [`Options`]; [`Error::ScratchTooLarge`] when the per-worker
+/// the option errors listed on [`Options`]; for `i8` K/V, [`Error::KvScales`] and the scale
+/// errors listed on [`Options::kv_scales`]; [`Error::ScratchTooLarge`] when the per-worker
 /// buffers cannot be allocated (only possible with broadcast views declaring a huge head size).
 pub fn attention<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
