@@ -137,8 +137,9 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
 /// `out[t][r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row `r < ROWS`,
 /// channels along the lanes: the score kernel for few query rows (decode), where the
 /// transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
-/// loaded (and converted) once for all rows and each Q vector once for all keys; a horizontal sum per score at
-/// the end, and the channels past the last whole vector in scalar.
+/// loaded (and converted) once for all rows and each Q vector once for all keys; the lane sums
+/// at the end ([`Simd::reduce_add16`] for more than four scores), and the channels past the
+/// last whole vector in scalar.
 #[inline(always)]
 pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     s: S,
@@ -153,27 +154,47 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     }
     let q = &q[..ROWS * d];
     let whole = d / lanes * lanes;
-    let mut acc = [[s.splat(0.0); ROWS]; KEYS];
-    for p in (0..whole).step_by(lanes) {
+    // Accumulator of key t and row r at `t · ROWS + r` (KEYS · ROWS ≤ 16; the rest stay 0).
+    let mut acc = [s.splat(0.0); 16];
+    assert!(KEYS * ROWS <= 16);
+    // As in `output_tile`, the loop's loads must not share the issue slots with bounds checks
+    // (compiled with checks, the loop held two compares and a branch per load); every row was
+    // cut to its length above.
+    let mut p = 0;
+    while p < whole {
         let mut kv = [s.splat(0.0); KEYS];
         for (t, v) in kv.iter_mut().enumerate() {
-            *v = E::load(s, &k[t][p..p + lanes]);
+            // SAFETY: p + lanes ≤ whole ≤ d = k[t].len().
+            *v = E::load(s, unsafe { k[t].get_unchecked(p..p + lanes) });
         }
         for r in 0..ROWS {
-            let qv = s.load(&q[r * d + p..r * d + p + lanes]);
+            // SAFETY: r·d + p + lanes ≤ r·d + d ≤ ROWS·d = q.len().
+            let qv = s.load(unsafe { q.get_unchecked(r * d + p..r * d + p + lanes) });
             for t in 0..KEYS {
-                acc[t][r] = s.mul_add(kv[t], qv, acc[t][r]);
+                acc[t * ROWS + r] = s.mul_add(kv[t], qv, acc[t * ROWS + r]);
+            }
+        }
+        p += lanes;
+    }
+    let mut out = [[0.0f32; ROWS]; KEYS];
+    if KEYS * ROWS > 4 {
+        // All the tile's sums in one transposing reduction.
+        let sums = s.reduce_add16(acc);
+        for t in 0..KEYS {
+            out[t].copy_from_slice(&sums[t * ROWS..(t + 1) * ROWS]);
+        }
+    } else {
+        for t in 0..KEYS {
+            for r in 0..ROWS {
+                out[t][r] = s.reduce_add(acc[t * ROWS + r]);
             }
         }
     }
-    let mut out = [[0.0f32; ROWS]; KEYS];
     for t in 0..KEYS {
         for r in 0..ROWS {
-            let mut x = s.reduce_add(acc[t][r]);
             for p in whole..d {
-                x += k[t][p].scalar() * q[r * d + p];
+                out[t][r] += k[t][p].scalar() * q[r * d + p];
             }
-            out[t][r] = x;
         }
     }
     out
@@ -294,6 +315,8 @@ mod tests {
             check_dots::<S, 4, 4>(s);
             check_dots::<S, 2, 8>(s);
             check_dots::<S, 1, 3>(s);
+            check_dots::<S, 2, 3>(s);
+            check_dots::<S, 4, 2>(s);
             checked
         }
     }

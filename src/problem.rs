@@ -85,13 +85,34 @@ fn check_scales<'a, KV: KvElement>(
     let check = |t: &Tensor<'a, f32>, want: [usize; 4], operand: Operand| {
         let view = broadcast(t, want, operand)?;
         let [n0, n1, n2, n3] = t.dims();
+        let (data, strides) = (t.data(), t.strides());
+        // A NaN fails `≤` too.
+        let valid = |x: f32| x.abs() <= MAX_SCALE;
+        let all_valid =
+            |at: usize, n: usize| data[at..at + n].iter().fold(true, |ok, &x| ok & valid(x));
+        // The scales of one dim-0 index usually are one contiguous run (per token and head:
+        // `[.., n_kv, H_kv, 1]`): checked without an early exit, so that the scan vectorizes
+        // (it runs on every call and must not cost more than the reads it guards); the first
+        // bad value is looked up only when there is one.
+        let [_, s1, s2, s3] = strides;
+        let empty = n1 == 0 || n2 == 0 || n3 == 0;
+        // One run of `n1·n2·n3` values (which then index real storage, so the product fits).
+        let run = ((n3 <= 1 || s3 == 1) && (n2 <= 1 || s2 == n3))
+            .then(|| n2 * n3)
+            .filter(|&inner| n1 <= 1 || s1 == inner)
+            .map(|inner| n1 * inner);
         let mut slice = |i0: usize| {
+            if empty || run.is_some_and(|n| all_valid(offset([i0, 0, 0, 0], strides), n)) {
+                return Ok(());
+            }
             for i1 in 0..n1 {
                 for i2 in 0..n2 {
+                    if s3 == 1 && all_valid(offset([i0, i1, i2, 0], strides), n3) {
+                        continue;
+                    }
                     for i3 in 0..n3 {
-                        let at = offset([i0, i1, i2, i3], t.strides());
-                        let x = t.data()[at];
-                        if x.is_nan() || x.abs() > MAX_SCALE {
+                        let at = offset([i0, i1, i2, i3], strides);
+                        if !valid(data[at]) {
                             return Err(Error::InvalidValue {
                                 operand,
                                 index: at,

@@ -287,26 +287,48 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             // While this head's keys are computed, the next block's rows of the head (same
             // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
             // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
-            let next = |jj: usize, n: usize| {
-                let j0 = block.j0 + cx.blocking.kv_block + jj;
-                let n = n.min(item.kv_end.saturating_sub(j0));
-                cx.kv.prefetch(KeyRange {
-                    j0,
-                    len: n,
+            let next = Ahead {
+                kv: &cx.kv,
+                at: KeyRange {
+                    j0: block.j0 + cx.blocking.kv_block,
                     ..at(g)
-                });
+                },
+                end: item.kv_end,
             };
             let range = (keys.clone(), rows);
             count += match cx.kv.keys_in::<E>(at(g)) {
-                Some(k) => scores_by_channels(s, t, block, k, range, tile, next),
+                Some(k) => scores_by_channels(s, t, block, k, range, tile, &next),
                 None => {
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, next)
+                    scores_by_channels(s, t, block, k, range, tile, &next)
                 }
             };
         }
     }
     count
+}
+
+/// The rows one key block ahead of the block being computed, for one kv head: `at.j0` is the
+/// next block's first key; keys at or past `end` are not requested. (A struct with an inlined
+/// method rather than a closure: the closure was left as a call in the dot-product loop, and
+/// every vector register is clobbered across a call.)
+struct Ahead<'a, KV> {
+    kv: &'a KV,
+    at: KeyRange,
+    end: usize,
+}
+
+impl<KV: KvSource> Ahead<'_, KV> {
+    /// Requests the rows of keys `jj .. jj + n` of the next block.
+    #[inline(always)]
+    fn request(&self, jj: usize, n: usize) {
+        let j0 = self.at.j0 + jj;
+        self.kv.prefetch(KeyRange {
+            j0,
+            len: n.min(self.end.saturating_sub(j0)),
+            ..self.at
+        });
+    }
 }
 
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
@@ -810,7 +832,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     keys: Rows<'_, E>,
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
-    prefetch: impl Fn(usize, usize),
+    next: &Ahead<'_, impl KvSource>,
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -827,7 +849,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
         ($($rows:literal => $keys:literal),*) => {
             match rows.len() {
                 $($rows if $rows <= S::LANES / 2 => {
-                    dots::<S, $keys, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, prefetch)
+                    dots::<S, $keys, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
                 })*
                 n => unreachable!("{n} rows by channels"),
             }
@@ -849,12 +871,12 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     d: usize,
     st: &mut [f32],
     ld_s: usize,
-    prefetch: impl Fn(usize, usize),
+    next: &Ahead<'_, impl KvSource>,
 ) -> u64 {
     let mut count = 0;
     let mut jj = plo;
     while jj + KEYS <= phi {
-        prefetch(jj, KEYS);
+        next.request(jj, KEYS);
         let mut k: [&[E]; KEYS] = [&[]; KEYS];
         for (t, row) in k.iter_mut().enumerate() {
             *row = keys.row(jj + t, d);
@@ -867,7 +889,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         count += 1;
     }
     while jj < phi {
-        prefetch(jj, 1);
+        next.request(jj, 1);
         let out = dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d);
         st[jj * ld_s..][..ROWS].copy_from_slice(&out[0]);
         jj += 1;

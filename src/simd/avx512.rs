@@ -110,6 +110,50 @@ impl Simd for Avx512 {
         unsafe { _mm512_reduce_add_ps(a) }
     }
     #[inline(always)]
+    fn reduce_add16(self, v: [__m512; 16]) -> [f32; 16] {
+        // Four halving steps, each adding two vectors' halves into one vector: 256-bit halves,
+        // 128-bit blocks, then pairs and single lanes inside the blocks. Afterwards lane
+        // `4k + j` holds the sum of `v[4j + k]`.
+        let mut lanes = [0.0f32; 16];
+        unsafe {
+            let mut c = [_mm512_setzero_ps(); 8];
+            for (i, ci) in c.iter_mut().enumerate() {
+                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                // [a.0, a.1, b.0, b.1] + [a.2, a.3, b.2, b.3] (128-bit blocks).
+                *ci = _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x44>(a, b),
+                    _mm512_shuffle_f32x4::<0xEE>(a, b),
+                );
+            }
+            let mut e = [_mm512_setzero_ps(); 4];
+            for (i, ei) in e.iter_mut().enumerate() {
+                let (a, b) = (c[2 * i], c[2 * i + 1]);
+                // [a.0, a.2, b.0, b.2] + [a.1, a.3, b.1, b.3]: block k now sums v[4i + k].
+                *ei = _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(a, b),
+                    _mm512_shuffle_f32x4::<0xDD>(a, b),
+                );
+            }
+            let mut g = [_mm512_setzero_ps(); 2];
+            for (i, gi) in g.iter_mut().enumerate() {
+                let (a, b) = (e[2 * i], e[2 * i + 1]);
+                // Per block [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
+                *gi = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+            }
+            // Per block [g0.0 + g0.2, g0.1 + g0.3, g1.0 + g1.2, g1.1 + g1.3].
+            let z = _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(g[0], g[1]),
+                _mm512_shuffle_ps::<0xEE>(g[0], g[1]),
+            );
+            _mm512_storeu_ps(lanes.as_mut_ptr(), z);
+        }
+        let mut out = [0.0f32; 16];
+        for (m, o) in out.iter_mut().enumerate() {
+            *o = lanes[4 * (m % 4) + m / 4];
+        }
+        out
+    }
+    #[inline(always)]
     fn load_f16(self, s: &[f16]) -> __m512 {
         let s = &s[..16];
         // SAFETY: 16 readable f16s = 32 bytes (checked above); unaligned load; vcvtph2ps on

@@ -73,6 +73,17 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn run<K: Kernel>(self, kernel: K) -> K::Output;
     /// The sum of the lanes (in a backend-fixed order).
     fn reduce_add(self, a: Self::V) -> f32;
+    /// The lane sums of 16 vectors, `out[i] = Σ lanes of v[i]` (in a backend-fixed order).
+    /// Backends with wide vectors transpose as they add (AVX-512: 45 shuffles and adds for all
+    /// 16, against ~8 per vector one by one); the others reduce each vector on its own.
+    #[inline(always)]
+    fn reduce_add16(self, v: [Self::V; 16]) -> [f32; 16] {
+        let mut out = [0.0; 16];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = self.reduce_add(x);
+        }
+        out
+    }
     /// The first `LANES` elements of `s`, converted exactly to f32 (the CPU's conversion
     /// instructions where it has them).
     fn load_f16(self, s: &[f16]) -> Self::V;
