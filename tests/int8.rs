@@ -185,6 +185,76 @@ fn negated_value_scales_negate_the_output_and_zero_ones_zero_it() {
     assert!(zero.iter().all(|&x| x == 0.0), "a zero value scale gives 0");
 }
 
+/// Runs the dense case of [`run_dense`] with K scales as the view `(dims, strides)` of
+/// `k_scale` and valid per-tensor V scales.
+fn run_with_key_scales(
+    k_scale: &[f32],
+    dims: [usize; 4],
+    strides: [usize; 4],
+) -> Result<(), Error> {
+    let (b, n_q, h, h_kv, n_kv, d) = (2, 1, 4, 2, 100, 32);
+    let q = values(b * n_q * h * d, 1);
+    let k = quantized(b * n_kv * h_kv * d, 2);
+    let mut out = vec![7.0f32; b * n_q * h * d];
+    let one = [0.01f32];
+    let opts = Options::new().kv_scales(
+        Tensor::new(k_scale, dims, strides)?,
+        Tensor::bshd(&one, [1, 1, 1, 1])?,
+    );
+    let result = sdpa::attention(
+        &Tensor::bshd(&q, [b, n_q, h, d])?,
+        &Tensor::bshd(&k, [b, n_kv, h_kv, d])?,
+        &Tensor::bshd(&k, [b, n_kv, h_kv, d])?,
+        &mut TensorMut::bshd(&mut out, [b, n_q, h, d])?,
+        &opts,
+    );
+    if result.is_err() {
+        assert!(out.iter().all(|&x| x == 7.0), "wrote on error");
+    }
+    result
+}
+
+#[test]
+fn invalid_scales_are_found_in_every_layout() {
+    // Per (token, kv head) scales, `[2, 100, 2, 1]`: contiguous, transposed (token-minor, as
+    // a `[B, H_kv, n_kv]` array) and with padded rows (a pitch of 3 per token); the validation
+    // scans one contiguous run where it can and element by element otherwise, and must report
+    // the storage index of the bad value either way.
+    let dims = [2, 100, 2, 1];
+    let layouts: [([usize; 4], usize); 3] = [
+        ([200, 2, 1, 1], 400),
+        ([200, 1, 100, 1], 400),
+        ([300, 3, 1, 1], 600),
+    ];
+    for (strides, len) in layouts {
+        let ok = vec![0.02f32; len];
+        run_with_key_scales(&ok, dims, strides).unwrap();
+        for (b, t, g) in [(0, 0, 0), (0, 57, 1), (1, 0, 1), (1, 99, 0), (1, 99, 1)] {
+            let at = b * strides[0] + t * strides[1] + g * strides[2];
+            for x in [f32::NAN, f32::INFINITY, -1e37] {
+                let mut bad = ok.clone();
+                bad[at] = x;
+                let e = run_with_key_scales(&bad, dims, strides).unwrap_err();
+                assert_eq!(
+                    e,
+                    Error::InvalidValue {
+                        operand: Operand::KeyScales,
+                        index: at,
+                        reason: "scale is not finite, or |scale|·128 overflows f32",
+                    },
+                    "strides {strides:?}, ({b}, {t}, {g}) = {x}"
+                );
+            }
+        }
+        // A bad value in the padding is never read, so it is no error.
+        if len == 600 {
+            let mut padded = ok.clone();
+            padded[2] = f32::NAN;
+            run_with_key_scales(&padded, dims, strides).unwrap();
+        }
+    }
+}
+
 #[test]
 fn invalid_scales_are_typed_errors_and_write_nothing() {
     let dims = [1, 1, 2, 32];
