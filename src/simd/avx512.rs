@@ -1,34 +1,41 @@
 //! AVX-512F lanes from `core::arch`, usable only through a token that proves the CPU has them.
+//!
+//! The entry point enables AVX-512VL too (every AVX-512 server and desktop CPU since Skylake-X
+//! has it; only the Xeon Phi lacked it, and gets the AVX2 backend): the kernels use no VL
+//! intrinsic, but without VL the 256-bit loads feeding the f16/bf16 conversions can only use
+//! registers 0–15, and the compiler then kept a 4 × 4 dot tile's accumulators in registers
+//! 0–16 as well, spilling five of them to the stack on every step of its loop (zmm17–31 unused).
 
 use super::{Kernel, Simd};
 use core::arch::x86_64::*;
 use half::{bf16, f16};
 
-/// Proof that the running CPU supports AVX-512F (and FMA, which AVX-512F implies for 512-bit
-/// vectors): the only constructor is [`Avx512::detect`].
+/// Proof that the running CPU supports AVX-512F and AVX-512VL (and FMA, which AVX-512F implies
+/// for 512-bit vectors): the only constructor is [`Avx512::detect`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx512 {
     _proof: (),
 }
 
 impl Avx512 {
-    /// The token, if the CPU supports AVX-512F (`std` caches the CPUID query).
+    /// The token, if the CPU supports AVX-512F and AVX-512VL (`std` caches the CPUID queries).
     pub fn detect() -> Option<Self> {
-        is_x86_feature_detected!("avx512f").then_some(Self { _proof: () })
+        (is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl"))
+            .then_some(Self { _proof: () })
     }
 }
 
 /// The entry point that gives the kernel body AVX-512 code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the feature on.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512vl")]
 fn run_with_features<K: Kernel>(simd: Avx512, kernel: K) -> K::Output {
     kernel.run(simd)
 }
 
-/// Runs `kernel` with AVX-512F code generation.
+/// Runs `kernel` with AVX-512F (+ VL) code generation.
 #[inline]
 pub(crate) fn run<K: Kernel>(simd: Avx512, kernel: K) -> K::Output {
-    // SAFETY: an `Avx512` value exists only if `detect` found the feature on this CPU.
+    // SAFETY: an `Avx512` value exists only if `detect` found both features on this CPU.
     unsafe { run_with_features(simd, kernel) }
 }
 

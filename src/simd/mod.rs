@@ -2,7 +2,8 @@
 //!
 //! The micro-kernels ([`crate::microkernel`]) are written once over the [`Simd`] trait, a handful
 //! of f32 vector operations plus the register-tile geometry. Each backend implements it:
-//! * [`Avx512`]: `core::arch` AVX-512F intrinsics, 16 lanes, 32 registers (12 × 32 tiles).
+//! * [`Avx512`]: `core::arch` AVX-512F intrinsics (compiled with VL too), 16 lanes, 32 registers
+//!   (12 × 32 tiles).
 //! * [`Avx2Fma`]: `core::arch` AVX2 + FMA intrinsics, 8 lanes, 16 registers (6 × 16 tiles).
 //! * [`Portable`]: `wide::f32x8`, whatever the build enables (two SSE halves on a default x86-64
 //!   build, NEON on aarch64). Always available; the only one Miri runs.
@@ -201,7 +202,7 @@ pub(crate) fn prefetch(p: *const u8) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Backend {
-    /// AVX-512F intrinsics (x86-64), detected at run time.
+    /// AVX-512F intrinsics (x86-64; the CPU must have AVX-512VL too), detected at run time.
     Avx512,
     /// AVX2 + FMA intrinsics (x86-64), detected at run time.
     Avx2Fma,
