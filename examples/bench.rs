@@ -5,9 +5,17 @@
 //! ```text
 //! cargo run --release --example bench -- --b 1 --h 8 --nq 2048 --nkv 2048 --d 64 --threads 1
 //! ```
-//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps` (`--hkv` defaults to `--h`,
-//! `--threads` to all cores, `--reps` to 5). Q, K, V are BHSD (PyTorch's layout) with values
-//! uniform in [-1, 1). Prints the median of `reps` timed calls after one warm-up call.
+//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps --peak` (`--hkv` defaults to
+//! `--h`, `--threads` to all cores, `--reps` to 5). Q, K, V are BHSD (PyTorch's layout) with
+//! values uniform in [-1, 1). Prints the median of `reps` timed calls after one warm-up call.
+//!
+//! `--peak` (x86-64) also measures the machine's f32 FMA peak for the vector width of the
+//! backend sdpa runs (512-bit FMAs for AVX-512, 256-bit for AVX2): a loop of independent FMAs
+//! on registers only, run on every thread of the pool at once for ~20 ms right before each
+//! timed call. The line then carries `peak_gflops` (median of those bursts) and `pct_peak`
+//! (median over the calls of each call's GFLOP/s over the burst just before it): on a shared
+//! VM, where a busy neighbour on the same physical core slows both alike, that ratio moves far
+//! less than either figure.
 
 use sdpa::{Alignment, Options, Tensor, TensorMut};
 use std::time::Instant;
@@ -22,6 +30,7 @@ struct Args {
     causal: bool,
     threads: usize,
     reps: usize,
+    peak: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,11 +44,13 @@ fn parse() -> Result<Args, String> {
         causal: false,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reps: 5,
+        peak: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--causal" {
-            a.causal = true;
+        if flag == "--causal" || flag == "--peak" {
+            a.causal |= flag == "--causal";
+            a.peak |= flag == "--peak";
             continue;
         }
         let value = it
@@ -112,12 +123,35 @@ fn main() {
         t.elapsed().as_secs_f64()
     };
     run(&mut out);
-    let mut times: Vec<f64> = (0..a.reps).map(|_| run(&mut out)).collect();
-    times.sort_by(f64::total_cmp);
-    let s = times[times.len() / 2];
     let flops = 4.0 * (a.b * a.h * a.nq * a.nkv * a.d) as f64;
+    let mut times = Vec::with_capacity(a.reps);
+    let mut peaks = Vec::with_capacity(a.reps);
+    let mut fractions = Vec::with_capacity(a.reps);
+    for _ in 0..a.reps {
+        let peak = if a.peak {
+            peak::gflops(&pool, 0.02)
+        } else {
+            None
+        };
+        let t = run(&mut out);
+        times.push(t);
+        if let Some(p) = peak {
+            peaks.push(p);
+            fractions.push(flops / t / 1e9 / p);
+        }
+    }
+    let s = median(&mut times);
+    let peak_fields = if peaks.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", \"peak_gflops\": {:.1}, \"pct_peak\": {:.1}",
+            median(&mut peaks),
+            100.0 * median(&mut fractions)
+        )
+    };
     println!(
-        "{{\"kernel\": \"sdpa\", \"s\": {s:.6e}, \"gflops\": {:.3}, \"b\": {}, \"h\": {}, \"hkv\": {}, \"nq\": {}, \"nkv\": {}, \"d\": {}, \"causal\": {}, \"threads\": {}}}",
+        "{{\"kernel\": \"sdpa\", \"s\": {s:.6e}, \"gflops\": {:.3}, \"b\": {}, \"h\": {}, \"hkv\": {}, \"nq\": {}, \"nkv\": {}, \"d\": {}, \"causal\": {}, \"threads\": {}{peak_fields}}}",
         flops / s / 1e9,
         a.b,
         a.h,
@@ -128,4 +162,101 @@ fn main() {
         a.causal,
         a.threads
     );
+}
+
+fn median(x: &mut [f64]) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
+}
+
+/// The f32 FMA peak of the pool's threads, for the vector width of sdpa's backend.
+mod peak {
+    /// GFLOP/s of all the pool's threads running independent FMAs for about `seconds`, or
+    /// `None` where there is no x86-64 vector backend to compare with.
+    pub fn gflops(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
+        let per_thread = pool.broadcast(|_| burst(seconds));
+        per_thread.into_iter().sum()
+    }
+
+    /// One thread's FMA rate in GFLOP/s over about `seconds`.
+    #[cfg(target_arch = "x86_64")]
+    fn burst(seconds: f64) -> Option<f64> {
+        let (lanes, run): (usize, fn(u64) -> f32) = match sdpa::backend() {
+            sdpa::Backend::Avx512 => (16, fma_512),
+            sdpa::Backend::Avx2Fma => (8, fma_256),
+            _ => return None,
+        };
+        // 4096 steps of 24 FMAs take ~25 µs: calibrate the count to the wanted time.
+        let mut steps = 4096u64;
+        loop {
+            let t = std::time::Instant::now();
+            std::hint::black_box(run(std::hint::black_box(steps)));
+            let s = t.elapsed().as_secs_f64();
+            if s >= seconds || steps >= 1 << 40 {
+                return Some((steps * ACCUMULATORS as u64 * lanes as u64 * 2) as f64 / s / 1e9);
+            }
+            steps = (steps as f64 * (1.2 * seconds / s.max(1e-6)).min(64.0)) as u64;
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn burst(_seconds: f64) -> Option<f64> {
+        None
+    }
+
+    /// Independent FMA chains per loop step: enough to cover the FMA latency (4 cycles) on two
+    /// ports with room to spare, few enough to stay in registers on both widths.
+    const ACCUMULATORS: usize = 12;
+
+    #[cfg(target_arch = "x86_64")]
+    fn hint(x: f32) -> f32 {
+        std::hint::black_box(x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn fma_512(steps: u64) -> f32 {
+        // SAFETY: called only when sdpa chose its AVX-512 backend, which requires AVX-512F.
+        unsafe { fma_512_body(steps) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma_512_body(steps: u64) -> f32 {
+        use std::arch::x86_64::*;
+        // Values the compiler cannot see, so that it cannot fold the chains.
+        let (a, b) = (_mm512_set1_ps(hint(0.999_9)), _mm512_set1_ps(hint(1e-4)));
+        let mut acc = [_mm512_set1_ps(hint(0.5)); ACCUMULATORS];
+        for _ in 0..steps {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        acc.iter().map(|&x| _mm512_reduce_add_ps(x)).sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn fma_256(steps: u64) -> f32 {
+        // SAFETY: called only when sdpa chose its AVX2 backend, which requires AVX2 and FMA.
+        unsafe { fma_256_body(steps) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_256_body(steps: u64) -> f32 {
+        use std::arch::x86_64::*;
+        let (a, b) = (_mm256_set1_ps(hint(0.999_9)), _mm256_set1_ps(hint(1e-4)));
+        let mut acc = [_mm256_set1_ps(hint(0.5)); ACCUMULATORS];
+        for _ in 0..steps {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut lanes = [0.0f32; 8];
+        let mut sum = 0.0;
+        for x in acc {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+            sum += lanes.iter().sum::<f32>();
+        }
+        sum
+    }
 }
