@@ -17,7 +17,8 @@
 //! * AVX-512 (32 zmm registers, 16 lanes): `12 × 32`, 24 accumulators + 2 + 1 = 27 registers;
 //!   2 loads + 12 broadcasts (7 cycles) feed 24 FMAs (12 cycles on 2 FMA ports).
 //!
-//! * [`scores_tile`]: `Sᵀ[TILE keys × 2·LANES rows] = K[TILE × d_k] · Qᵀ[d_k × 2·LANES]`.
+//! * [`scores_tile`]: `Sᵀ[TILE keys × 2·LANES rows] = K[TILE × d_k] · Qᵀ[d_k × 2·LANES]`, scaled
+//!   into the softmax's log2 domain and its per-row maximum taken while still in registers.
 //! * [`output_tile`]: `O[TILE rows × 2·LANES] = α ⊙ O + P[TILE × c] · V[c × 2·LANES]`, the
 //!   rescaling `α` of the online softmax fused into the load of the accumulators.
 //! * [`dot_tile`]: decode's scores, channels along the lanes (few query rows per kv head,
@@ -31,12 +32,18 @@
 
 use crate::simd::{Lanes, Simd};
 
-/// `out[t][0 .. L·VECS] = Σ_p k[t][p] · qt[p][0 .. L·VECS]` for each key `t < KEYS`, `L` lanes.
+/// `out[t][0 .. L·VECS] = (Σ_p k[t][p] · qt[p][0 .. L·VECS]) · f₀ · f₁` for each key `t < KEYS`,
+/// `L` lanes, and `max[0 .. L·VECS]` raised to the largest of those per row.
 ///
 /// * `k`: `KEYS` key rows of `d` values each.
 /// * `qt`: a transposed query panel, `d` steps of `2·L` values (`qt[p · 2L + r]`); only the
 ///   first `L·VECS` rows of each step are read.
 /// * `out`: `KEYS` rows at stride `ld_out` (one per key), `L·VECS` values each.
+/// * `factors`: `[f₀, f₁]`, applied in that order (two roundings) while the sums are still in
+///   registers: the fused kernel's scale and log₂e.
+/// * `max`: the running maximum of each row over the tiles of a key block, so that the
+///   softmax does not read the scores again to find it.
+#[allow(clippy::too_many_arguments)] // one tile's operands; a struct would only rename them
 #[inline(always)]
 pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
     s: S,
@@ -45,6 +52,8 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
     d: usize,
     out: &mut [f32],
     ld_out: usize,
+    factors: [f32; 2],
+    max: &mut [f32],
 ) {
     let lanes = S::LANES;
     let mut k = k;
@@ -67,11 +76,20 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
             }
         }
     }
+    let (f0, f1) = (s.splat(factors[0]), s.splat(factors[1]));
+    let max = &mut max[..VECS * lanes];
+    let mut mx = [s.splat(f32::NEG_INFINITY); VECS];
     for (t, a) in acc.iter().enumerate() {
         let row = &mut out[t * ld_out..t * ld_out + VECS * lanes];
         for (v, &x) in a.iter().enumerate() {
-            s.store(&mut row[v * lanes..(v + 1) * lanes], x);
+            let y = s.mul(s.mul(x, f0), f1);
+            mx[v] = s.max(mx[v], y);
+            s.store(&mut row[v * lanes..(v + 1) * lanes], y);
         }
+    }
+    for (v, &m) in mx.iter().enumerate() {
+        let old = s.load(&max[v * lanes..(v + 1) * lanes]);
+        s.store(&mut max[v * lanes..(v + 1) * lanes], s.max(old, m));
     }
 }
 
@@ -220,7 +238,14 @@ mod tests {
         let qt: Vec<f32> = (0..d * 2 * lanes).map(|x| value(x + 1000)).collect();
         let mut out = vec![f32::NAN; KEYS * ld];
         let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
-        scores_tile::<S, KEYS, VECS>(s, k, &qt, d, &mut out, ld);
+        // The running maximum starts at a value some rows exceed and others do not.
+        let (factors, start) = ([0.75f32, 1.5f32], 0.1f32);
+        let mut max = vec![start; VECS * lanes];
+        scores_tile::<S, KEYS, VECS>(s, k, &qt, d, &mut out, ld, factors, &mut max);
+        for r in 0..VECS * lanes {
+            let want = (0..KEYS).map(|t| out[t * ld + r]).fold(start, f32::max);
+            assert_eq!(max[r], want, "{KEYS}x{VECS}: max of row {r}");
+        }
         for t in 0..KEYS {
             for r in 0..ld {
                 let got = out[t * ld + r];
@@ -230,7 +255,9 @@ mod tests {
                 }
                 let want: f64 = (0..d)
                     .map(|p| f64::from(keys[t][p]) * f64::from(qt[p * 2 * lanes + r]))
-                    .sum();
+                    .sum::<f64>()
+                    * 0.75
+                    * 1.5;
                 assert!(
                     (f64::from(got) - want).abs() < 1e-5,
                     "{KEYS}x{VECS}: {got} vs {want}"

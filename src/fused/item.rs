@@ -211,7 +211,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
                 if let Some(keys) = panel_keys::<S>(&t, &block, r0, tile) {
-                    modify_scores(s, cx, &t, r0, keys, tile);
+                    modify_scores(s, cx, &t, r0, keys, true, tile);
                 }
             }
         } else {
@@ -220,7 +220,15 @@ fn block_loop<S: Simd, KV: KvSource>(
             *tiles += scores(s, cx, item, &t, &block, keys, tile);
         }
         bias_and_masks(cx, item, &t, &block, tile);
-        softmax_update(s, &t, &block, tile);
+        // The score tiles found each row's maximum; it still holds if nothing changed the
+        // scores after them.
+        let p = cx.problem;
+        let known_max = !t.by_channels
+            && !isolate
+            && p.softcap.is_none()
+            && p.alibi.is_none()
+            && p.bias.is_none();
+        softmax_update(s, &t, &block, known_max, tile);
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
             // Few rows per head (decode): half-precision V rows read in place, converted as
@@ -479,8 +487,9 @@ fn all_finite<S: Simd, E: Lanes>(s: S, rows: Rows<'_, E>, len: usize, width: usi
     lanes[..S::LANES].iter().all(|x| *x == 0.0)
 }
 
-/// `Sᵀ = K · Qᵀ` panel by panel, only over the keys some row of the panel sees, then while the
-/// panel is in L1 its element-wise modifiers ([`modify_scores`]). Returns the number of score
+/// `Sᵀ = K · Qᵀ` panel by panel, only over the keys some row of the panel sees, scaled into the
+/// log2 domain and each row's block maximum taken by the tiles, then while the panel is in L1
+/// its other element-wise modifiers ([`modify_scores`]), if any. Returns the number of score
 /// tiles computed.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -495,7 +504,9 @@ fn scores<S: Simd>(
 ) -> u64 {
     let (nr, mr) = (2 * S::LANES, S::TILE);
     let ld_s = t.ld_s;
+    let p = cx.problem;
     alibi_distances(cx, item, t, block, tile);
+    let factors = [p.scale, LOG2_E];
     let mut count = 0;
     for r0 in (0..ld_s).step_by(nr) {
         let Some((plo, phi)) = panel_keys::<S>(t, block, r0, tile) else {
@@ -503,15 +514,29 @@ fn scores<S: Simd>(
         };
         let r1 = (r0 + nr).min(ld_s);
         let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
+        let max = &mut tile.block_max[r0..r1];
+        max.fill(f32::NEG_INFINITY);
         let mut jj = plo;
         while jj < phi {
             let n = (phi - jj).min(mr);
             let out = &mut tile.st[jj * ld_s + r0..];
-            score_keys(s, n, r1 - r0, keys, jj, qt, t.d_k, out, ld_s);
+            score_keys(
+                s,
+                (n, r1 - r0),
+                keys,
+                jj,
+                qt,
+                t.d_k,
+                (out, ld_s),
+                factors,
+                max,
+            );
             count += 1;
             jj += n;
         }
-        modify_scores(s, cx, t, r0, (plo, phi), tile);
+        if p.softcap.is_some() || p.alibi.is_some() {
+            modify_scores(s, cx, t, r0, (plo, phi), false, tile);
+        }
     }
     count
 }
@@ -548,7 +573,8 @@ fn alibi_distances(
 }
 
 /// The element-wise modifiers of the scores of keys `[plo, phi)` of the panel starting at row
-/// `r0`, in the documented order: scale into the log2 domain, softcap, ALiBi.
+/// `r0`, in the documented order: scale into the log2 domain (if `scale`: the prefill score
+/// tiles have done it), softcap, ALiBi.
 #[inline(always)]
 fn modify_scores<S: Simd>(
     s: S,
@@ -556,6 +582,7 @@ fn modify_scores<S: Simd>(
     t: &Tiles,
     r0: usize,
     (plo, phi): (usize, usize),
+    scale: bool,
     tile: &mut TileBuffers,
 ) {
     let p = cx.problem;
@@ -565,14 +592,16 @@ fn modify_scores<S: Simd>(
     // representable scaled score exact: a huge scale times zero dot products is 0, not
     // ∞ · 0; the two multiplies cannot overflow unless |scale · q·k| itself is beyond f32
     // (or above 2.3e38 in log2 units).
-    let scale = s.splat(p.scale);
-    let log2e = s.splat(LOG2_E);
+    let (factor, log2e) = (s.splat(p.scale), s.splat(LOG2_E));
     for r in (r0..r1).step_by(lanes) {
         let dist = s.load(&tile.alibi_dist[r..]);
         let slope = s.load(&tile.alibi_slope[r..]);
         for jj in plo..phi {
             let x = &mut tile.st[jj * ld_s + r..][..lanes];
-            let mut y = s.mul(s.mul(s.load(x), scale), log2e);
+            let mut y = s.load(x);
+            if scale {
+                y = s.mul(s.mul(y, factor), log2e);
+            }
             if let Some(cap) = p.softcap {
                 y = softcap(s, y, cap);
             }
@@ -620,14 +649,25 @@ fn bias_and_masks(
 }
 
 /// The online softmax over one block, one query row per lane: new running max, rescale factor
-/// `α = 2^(m − m')`, weights `P = 2^(S − m')` in place of the scores, `l ← α·l + ΣP`.
+/// `α = 2^(m − m')`, weights `P = 2^(S − m')` in place of the scores, `l ← α·l + ΣP`. The
+/// block's maximum per row is the score tiles' (`known_max`) or found by a pass over Sᵀ.
 #[inline(always)]
-fn softmax_update<S: Simd>(s: S, t: &Tiles, block: &Block, tile: &mut TileBuffers) {
+fn softmax_update<S: Simd>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    known_max: bool,
+    tile: &mut TileBuffers,
+) {
     let c = block.len();
     for r0 in (0..t.ld_s).step_by(S::LANES) {
         let mut mx = s.splat(f32::NEG_INFINITY);
-        for jj in 0..c {
-            mx = s.max(mx, s.load(&tile.st[jj * t.ld_s + r0..]));
+        if known_max {
+            mx = s.load(&tile.block_max[r0..]);
+        } else {
+            for jj in 0..c {
+                mx = s.max(mx, s.load(&tile.st[jj * t.ld_s + r0..]));
+            }
         }
         let m_old = s.load(&tile.m[r0..]);
         let m_new = s.max(s.splat(-f32::MAX), s.max(m_old, mx));
@@ -782,19 +822,19 @@ fn union_range(lo: &[usize], hi: &[usize], j0: usize, j1: usize) -> Option<(usiz
 }
 
 /// Scores of `n ≤ TILE` keys starting at block key `jj` against one panel of `width` (one or
-/// two vectors) rows.
+/// two vectors) rows, into `out` at stride `ld`, times `factors`, the rows' maxima into `max`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn score_keys<S: Simd>(
     s: S,
-    n: usize,
-    width: usize,
+    (n, width): (usize, usize),
     keys: Rows<'_>,
     jj: usize,
     qt: &[f32],
     d: usize,
-    out: &mut [f32],
-    ld: usize,
+    (out, ld): (&mut [f32], usize),
+    factors: [f32; 2],
+    max: &mut [f32],
 ) {
     macro_rules! tiles {
         ($($keys:literal)*) => {
@@ -809,9 +849,9 @@ fn score_keys<S: Simd>(
                         *row = keys.row(jj + t, d);
                     }
                     if width == 2 * S::LANES {
-                        scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld)
+                        scores_tile::<S, $keys, 2>(s, k, qt, d, out, ld, factors, max)
                     } else {
-                        scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld)
+                        scores_tile::<S, $keys, 1>(s, k, qt, d, out, ld, factors, max)
                     }
                 })*
                 _ => unreachable!("score tile of {n} keys"),

@@ -24,6 +24,9 @@ pub(crate) struct TileBuffers {
     pub l: Aligned,
     /// Rescale factor of the current block per row.
     pub alpha: Aligned,
+    /// The largest score of each row in the current key block, as the score tiles found it
+    /// (used when nothing changes the scores after them: no bias, mask or hidden key).
+    pub block_max: Aligned,
     /// Visible keys `[lo, hi)` per row (causal, window, key length), inside the item's range.
     pub lo: Vec<usize>,
     /// See `lo`.
@@ -135,7 +138,7 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 14] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 15] {
         let rows = b.max_panel_rows();
         let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
         let words = |len: Option<usize>| Buffer {
@@ -149,6 +152,7 @@ impl Scratch {
             f32s(Some(rows)),                   // m
             f32s(Some(rows)),                   // l
             f32s(Some(rows)),                   // alpha
+            f32s(Some(rows)),                   // block_max
             words(Some(rows)),                  // lo
             words(Some(rows)),                  // hi
             f32s(Some(rows)),                   // alibi_dist
@@ -189,7 +193,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -203,6 +207,7 @@ impl Scratch {
                 m: aligned(&m)?,
                 l: aligned(&l)?,
                 alpha: aligned(&alpha)?,
+                block_max: aligned(&block_max)?,
                 lo: zeroed(&lo)?,
                 hi: zeroed(&hi)?,
                 alibi_dist: aligned(&alibi_dist)?,
