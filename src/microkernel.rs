@@ -76,6 +76,11 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
             }
         }
     }
+    // The factors pass through `black_box` here, after the loop: otherwise their splats are
+    // hoisted out of the callers' loops and stay live across the loop above, and with AVX2's
+    // 16 registers (12 accumulators + 3) an accumulator went to the stack on every step
+    // (seen in the disassembly; the same happened before with the scaling pass's constants).
+    let factors = std::hint::black_box(factors);
     let (f0, f1) = (s.splat(factors[0]), s.splat(factors[1]));
     let max = &mut max[..VECS * lanes];
     let mut mx = [s.splat(f32::NEG_INFINITY); VECS];

@@ -502,7 +502,7 @@ fn scores<S: Simd>(
     keys: Rows<'_>,
     tile: &mut TileBuffers,
 ) -> u64 {
-    let (nr, mr) = (2 * S::LANES, S::TILE);
+    let nr = 2 * S::LANES;
     let ld_s = t.ld_s;
     let p = cx.problem;
     alibi_distances(cx, item, t, block, tile);
@@ -516,29 +516,67 @@ fn scores<S: Simd>(
         let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
         let max = &mut tile.block_max[r0..r1];
         max.fill(f32::NEG_INFINITY);
-        let mut jj = plo;
-        while jj < phi {
-            let n = (phi - jj).min(mr);
-            let out = &mut tile.st[jj * ld_s + r0..];
-            score_keys(
-                s,
-                (n, r1 - r0),
-                keys,
-                jj,
-                qt,
-                t.d_k,
-                (out, ld_s),
-                factors,
-                max,
-            );
-            count += 1;
-            jj += n;
-        }
+        count += s.run(PanelScores {
+            keys,
+            range: (plo, phi),
+            qt,
+            d: t.d_k,
+            st: &mut tile.st[r0..],
+            ld_s,
+            width: r1 - r0,
+            factors,
+            max,
+        });
         if p.softcap.is_some() || p.alibi.is_some() {
             modify_scores(s, cx, t, r0, (plo, phi), false, tile);
         }
     }
     count
+}
+
+/// The score tiles of one panel: keys `range` of the block against `width` rows (one or two
+/// vectors) of the panel's `qt`, into `st` (the panel's first row) at stride `ld_s`, times
+/// `factors`, the rows' maxima into `max`. Run as its own function (`Simd::run`): inlined
+/// into the key-block loop, its tile shared the registers with values hoisted from the other
+/// stages, and AVX2's 12-accumulator tile spilled one or two accumulators on every step.
+struct PanelScores<'a> {
+    keys: Rows<'a>,
+    range: (usize, usize),
+    qt: &'a [f32],
+    d: usize,
+    st: &'a mut [f32],
+    ld_s: usize,
+    width: usize,
+    factors: [f32; 2],
+    max: &'a mut [f32],
+}
+
+impl Kernel for PanelScores<'_> {
+    type Output = u64;
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) -> u64 {
+        let PanelScores {
+            keys,
+            range: (plo, phi),
+            qt,
+            d,
+            st,
+            ld_s,
+            width,
+            factors,
+            max,
+        } = self;
+        let mut count = 0;
+        let mut jj = plo;
+        while jj < phi {
+            let n = (phi - jj).min(S::TILE);
+            let out = &mut st[jj * ld_s..];
+            score_keys(s, (n, width), keys, jj, qt, d, (out, ld_s), factors, max);
+            count += 1;
+            jj += n;
+        }
+        count
+    }
 }
 
 /// The block keys `[plo, phi)` some row of the score panel starting at row `r0` sees.

@@ -27,6 +27,9 @@ impl Avx2Fma {
 
 /// The entry point that gives the kernel body AVX2 + FMA code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the features on.
+// Never inlined: each kernel is its own function, so that the compiler cannot hoist one
+// stage's loop-invariant vectors (constants, splats) into another stage's register tile.
+#[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn run_with_features<K: Kernel>(simd: Avx2Fma, kernel: K) -> K::Output {
     kernel.run(simd)

@@ -27,6 +27,9 @@ impl Avx512 {
 
 /// The entry point that gives the kernel body AVX-512 code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the feature on.
+// Never inlined: each kernel is its own function, so that the compiler cannot hoist one
+// stage's loop-invariant vectors (constants, splats) into another stage's register tile.
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512vl")]
 fn run_with_features<K: Kernel>(simd: Avx512, kernel: K) -> K::Output {
     kernel.run(simd)
