@@ -94,6 +94,8 @@ struct Tiles {
 struct Block {
     j0: usize,
     j1: usize,
+    /// Every row of the item sees every key of the block (by its causal/window/length range).
+    seen_by_all: bool,
 }
 
 impl Block {
@@ -183,9 +185,11 @@ fn block_loop<S: Simd, KV: KvSource>(
     let head_rows = item.q_len * bl.group;
     let mut j0 = first;
     while j0 < last {
+        let j1 = j0 + (last - j0).min(bl.kv_block);
         let block = Block {
             j0,
-            j1: j0 + (last - j0).min(bl.kv_block),
+            j1,
+            seen_by_all: all_rows_see(tile, t.rows, j0, j1),
         };
         // The keys of the block for the item's kv head `g`.
         let at = |g: usize| KeyRange {
@@ -196,7 +200,7 @@ fn block_loop<S: Simd, KV: KvSource>(
         };
         // Where every row sees every key of the block, a NaN or ±∞ in V reaches exactly the
         // rows that see it anyway: no need to look for one.
-        let isolate = cx.problem.mask.is_some() || !all_rows_see(tile, t.rows, &block);
+        let isolate = cx.problem.mask.is_some() || !block.seen_by_all;
         if t.by_channels {
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
@@ -457,10 +461,10 @@ fn load_values<'s, S: Simd>(
 
 /// Whether each of the item's `rows` sees every key of `block` by its causal/window/length
 /// range.
-fn all_rows_see(tile: &TileBuffers, rows: usize, block: &Block) -> bool {
+fn all_rows_see(tile: &TileBuffers, rows: usize, j0: usize, j1: usize) -> bool {
     let lo = tile.lo[..rows].iter().max().copied().unwrap_or(0);
     let hi = tile.hi[..rows].iter().min().copied().unwrap_or(0);
-    lo <= block.j0 && block.j1 <= hi
+    lo <= j0 && j1 <= hi
 }
 
 /// Lists the rows among the first `len` with a NaN or ±∞ in their first `width` values.
@@ -749,9 +753,13 @@ fn output_product<S: Simd, E: Lanes>(
         let width = (t.d_vp - col).min(nr);
         for r0 in rows.clone().step_by(mr) {
             let r1 = (r0 + mr).min(rows.end);
-            let Some((glo, ghi)) =
+            // (Most blocks are seen whole by every row: no per-group range to find.)
+            let range = if block.seen_by_all {
+                Some((0, block.len()))
+            } else {
                 union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
-            else {
+            };
+            let Some((glo, ghi)) = range else {
                 continue;
             };
             // One call per run of adjacent V rows (the whole range, except for rows read in
