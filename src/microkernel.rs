@@ -76,10 +76,11 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
             }
         }
     }
-    // The factors pass through `black_box` here, after the loop: otherwise their splats are
-    // hoisted out of the callers' loops and stay live across the loop above, and with AVX2's
-    // 16 registers (12 accumulators + 3) an accumulator went to the stack on every step
-    // (seen in the disassembly; the same happened before with the scaling pass's constants).
+    // The factors pass through `black_box` here, after the loop, so that their splats cannot
+    // be hoisted above it (out of the callers' loops), where they would hold two registers
+    // across the loop: AVX2's tile leaves one spare (12 accumulators + 3 of 16). (Inlined into
+    // the key-block loop, values hoisted from other stages spilled accumulators even so; the
+    // panel of tiles now runs as its own function, see `PanelScores` in `fused/item.rs`.)
     let factors = std::hint::black_box(factors);
     let (f0, f1) = (s.splat(factors[0]), s.splat(factors[1]));
     let max = &mut max[..VECS * lanes];
