@@ -206,6 +206,7 @@ mod peak {
 
     /// Independent FMA chains per loop step: enough to cover the FMA latency (4 cycles) on two
     /// ports with room to spare, few enough to stay in registers on both widths.
+    #[cfg(target_arch = "x86_64")]
     const ACCUMULATORS: usize = 12;
 
     #[cfg(target_arch = "x86_64")]
