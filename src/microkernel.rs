@@ -30,7 +30,7 @@
 //! Tails use the same code with smaller const sizes (`KEYS`, `ROWS < TILE`, `VECS = 1`); head
 //! sizes are padded to whole vectors by packing, so there are no lane tails.
 
-use crate::simd::{Lanes, Simd};
+use crate::simd::{Lanes, RowStream, Simd};
 
 /// `out[t][0 .. L·VECS] = (Σ_p k[t][p] · qt[p][0 .. L·VECS]) · f₀ · f₁` for each key `t < KEYS`,
 /// `L` lanes, and `max[0 .. L·VECS]` raised to the largest of those per row.
@@ -118,6 +118,7 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
     alpha: &[f32],
     o: &mut [f32],
     ld_o: usize,
+    next: Option<RowStream>,
 ) {
     let lanes = S::LANES;
     let width = VECS * lanes;
@@ -135,6 +136,9 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
         // last key's reads once here, then index unchecked.
         assert!((c - 1) * ld_p + ROWS <= pt.len() && (c - 1) * ld_v + width <= v.len());
         for j in 0..c {
+            if let Some(next) = &next {
+                next.request(j, 1);
+            }
             // SAFETY: j < c, so j·ld_v + width ≤ (c−1)·ld_v + width ≤ v.len(), checked above.
             let vj = unsafe { v.get_unchecked(j * ld_v..j * ld_v + width) };
             let mut vv = [s.splat(0.0); VECS];
@@ -282,7 +286,9 @@ mod tests {
             let alpha: Vec<f32> = (0..ROWS).map(|r| 0.5 + r as f32 * 0.125).collect();
             let o0: Vec<f32> = (0..ROWS * ld_o).map(|x| value(x + 555)).collect();
             let mut o = o0.clone();
-            output_tile::<S, ROWS, VECS, f32>(s, &pt, ld_p, c, &v, ld_v, &alpha, &mut o, ld_o);
+            output_tile::<S, ROWS, VECS, f32>(
+                s, &pt, ld_p, c, &v, ld_v, &alpha, &mut o, ld_o, None,
+            );
             for r in 0..ROWS {
                 for x in 0..ld_o {
                     let got = o[r * ld_o + x];
@@ -344,6 +350,14 @@ mod tests {
                 )*};
             }
             heights!(1 2 3 4 5 6 7 8 9 10 11 12);
+            // The wide panels of decode's few rows per head (`item::panel_vecs`).
+            macro_rules! wide {
+                ($($n:literal)*) => {$(
+                    check_output::<S, $n, 3>(s);
+                    check_output::<S, $n, 4>(s);
+                )*};
+            }
+            wide!(1 2 3 4 5);
             check_dots::<S, 4, 1>(s);
             check_dots::<S, 4, 4>(s);
             check_dots::<S, 2, 8>(s);

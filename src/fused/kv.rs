@@ -9,7 +9,7 @@
 //! 8-bit quantized caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
 use crate::element::{Element, KvElement};
-use crate::simd::{Lanes, Simd};
+use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 
 /// A block of rows (f32, or, read in place, the storage's type `E`), `width` values each: row
@@ -138,9 +138,10 @@ pub(crate) trait KvSource: Sync {
     /// and `d_v = d_v_pad`.
     fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>>;
 
-    /// Asks the CPU to start loading the K (and, for half types, V) rows of `at` (a hint:
-    /// nothing is read; paged caches are not prefetched).
-    fn prefetch(&self, at: KeyRange);
+    /// Where the K and V rows of the keys from `at.j0` on lie, for prefetching them: plain
+    /// strided rows only (paged caches and strided channels give `None`). Computed once per
+    /// block and head, so that each request is address arithmetic.
+    fn prefetch_streams(&self, at: KeyRange) -> [Option<RowStream>; 2];
 }
 
 /// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.
@@ -245,27 +246,33 @@ impl<T: Element> TensorKv<'_, T> {
 }
 
 impl<T: KvElement> TensorKv<'_, T> {
-    /// Prefetches the row of key `key` of (batch, kv head) of `at` in `t`, if the tensor has it.
+    /// The rows of `t` from key `at.j0` of (batch, kv head) on, as a [`RowStream`], if they
+    /// are plain strided rows (not paged, unit channel stride, a non-empty view).
     #[inline(always)]
-    pub(super) fn prefetch_row(&self, t: &Tensor<'_, T>, at: KeyRange, key: usize) {
+    pub(super) fn stream(&self, t: &Tensor<'_, T>, at: KeyRange) -> Option<RowStream> {
         let [d0, d1, _, width] = t.dims();
         let [sb, ss, sh, sd] = t.strides();
         let (b, row) = match self.map {
-            RowMap::Dense => (at.batch, key),
-            RowMap::Packed(cu) => (0, cu[at.batch] + key),
-            RowMap::Paged { .. } => return,
+            RowMap::Dense => (at.batch, at.j0),
+            RowMap::Packed(cu) => (0, cu.get(at.batch)?.wrapping_add(at.j0)),
+            RowMap::Paged { .. } => return None,
         };
-        if b >= d0 || row >= d1 || sd != 1 {
-            return;
+        if b >= d0 || d1 == 0 || width == 0 || sd != 1 {
+            return None;
         }
-        // Inside the view's validated span: every index is inside its dims.
-        let p = t
-            .data()
-            .as_ptr()
-            .wrapping_add(b * sb + row * ss + at.kv_head * sh);
-        for line in (0..width * std::mem::size_of::<T>()).step_by(64) {
-            crate::simd::prefetch(p.cast::<u8>().wrapping_add(line));
-        }
+        let size = std::mem::size_of::<T>();
+        let offset = b
+            .wrapping_mul(sb)
+            .wrapping_add(row.wrapping_mul(ss))
+            .wrapping_add(at.kv_head.wrapping_mul(sh));
+        Some(RowStream::new(
+            t.data()
+                .as_ptr()
+                .cast::<u8>()
+                .wrapping_add(offset.wrapping_mul(size)),
+            ss.wrapping_mul(size),
+            width * size,
+        ))
     }
 
     /// The rows of `at` in place in `t`, in its element type, if its channel stride is 1.
@@ -380,16 +387,7 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
     }
 
     #[inline(always)]
-    fn prefetch(&self, at: KeyRange) {
-        // V rows too only for half types: with f32 V (read in place by the output tile's
-        // column panels) the extra requests cost more than they hid (measured 75% → 65% of
-        // the read bandwidth; K alone: no change).
-        let values = std::mem::size_of::<T>() < 4;
-        for key in at.j0..at.j0 + at.len {
-            self.prefetch_row(&self.k, at, key);
-            if values {
-                self.prefetch_row(&self.v, at, key);
-            }
-        }
+    fn prefetch_streams(&self, at: KeyRange) -> [Option<RowStream>; 2] {
+        [self.stream(&self.k, at), self.stream(&self.v, at)]
     }
 }

@@ -9,7 +9,7 @@
 
 use super::kv::{KeyRange, KvSource, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
-use crate::simd::{Lanes, Simd};
+use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 
 /// `i8` K/V (dense, packed or paged, any strides) and their validated scales.
@@ -101,10 +101,10 @@ impl KvSource for QuantKv<'_> {
     }
 
     #[inline(always)]
-    fn prefetch(&self, at: KeyRange) {
-        for key in at.j0..at.j0 + at.len {
-            self.kv.prefetch_row(&self.kv.k, at, key);
-            self.kv.prefetch_row(&self.kv.v, at, key);
-        }
+    fn prefetch_streams(&self, at: KeyRange) -> [Option<RowStream>; 2] {
+        [
+            self.kv.stream(&self.kv.k, at),
+            self.kv.stream(&self.kv.v, at),
+        ]
     }
 }
