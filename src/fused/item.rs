@@ -22,7 +22,7 @@
 //! scores and never `−∞ − (−∞) = NaN`, with no branch.
 
 use super::blocking::Blocking;
-use super::kv::{KeyRange, KvSource, Rows};
+use super::kv::{convert, KeyRange, KvSource, Rows};
 use super::scratch::{Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
@@ -129,7 +129,7 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_vp: bl.d_v_pad,
         by_channels: bl.by_channels(),
     };
-    pack_queries::<S, Q>(cx, q, item, &t, &mut sc.tile.qt);
+    pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
     let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
         return;
     };
@@ -366,6 +366,7 @@ impl Ahead {
 /// is applied to the scores; padding rows are zero), or, for few rows, as rows of `d_k`.
 #[inline(always)]
 fn pack_queries<S: Simd, Q: Element>(
+    s: S,
     cx: &Ctx<'_, impl KvSource>,
     q: &Tensor<'_, Q>,
     item: &Item,
@@ -381,8 +382,15 @@ fn pack_queries<S: Simd, Q: Element>(
             let (h, i) = item.row_origin(group, r);
             let (b, i) = cx.problem.q_row(item.batch, i);
             let base = b * qs_b + i * qs_s + h * qs_h;
-            for (c, x) in qt[r * t.d_k..(r + 1) * t.d_k].iter_mut().enumerate() {
-                *x = q[base + c * qs_d].to_f32();
+            let row = &mut qt[r * t.d_k..(r + 1) * t.d_k];
+            if qs_d == 1 && t.d_k > 0 {
+                // Whole vectors (decode packs these rows once per key split: element by
+                // element they were 7% of a decode step at n_kv = 4096).
+                convert(s, &q[base..base + t.d_k], row);
+            } else {
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = q[base + c * qs_d].to_f32();
+                }
             }
         }
         return;

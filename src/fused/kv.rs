@@ -146,7 +146,7 @@ pub(crate) trait KvSource: Sync {
 
 /// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.
 #[inline(always)]
-fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
+pub(super) fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
     let lanes = S::LANES;
     let whole = dst.len() / lanes * lanes;
     let (head, tail) = dst.split_at_mut(whole);
