@@ -245,7 +245,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                     ..at(g)
                 };
                 let [_, v] = cx.kv.prefetch_streams(next);
-                v.map(|v| v.limit(item.kv_end.saturating_sub(next.j0)))
+                v.map(|v| v.limit(cx.problem.n_kv.saturating_sub(next.j0)))
             } else {
                 None
             };
@@ -319,7 +319,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                     j0: block.j0 + cx.blocking.kv_block,
                     ..at(g)
                 },
-                item.kv_end,
+                cx.problem.n_kv,
             );
             let range = (keys.clone(), rows);
             count += match cx.kv.keys_in::<E>(at(g)) {
@@ -335,7 +335,10 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
 }
 
 /// The rows one key block ahead of the block being computed, for one kv head, from the
-/// next block's first key; keys at or past the item's end are not requested. (A struct with an
+/// next block's first key; keys at or past the cache's end are not requested. Past the work
+/// unit's own keys they are the first block of the item's next key split, the unit that the
+/// same thread most often runs next (an item's splits are adjacent units), so that block is
+/// not read cold. (A struct with an
 /// inlined method rather than a closure: the closure was left as a call in the dot-product
 /// loop, and every vector register is clobbered across a call.) The streams' addresses are
 /// found once here, so that a request in the loop is a multiply and the prefetches (the
