@@ -106,6 +106,8 @@ pub(crate) fn scores_tile<S: Simd, const KEYS: usize, const VECS: usize>(
 /// * `v`: `c` value rows at stride `ld_v`, `L·VECS` columns each (a column panel of the packed
 ///   block, or of the caller's V read in place).
 /// * `o`: the running output accumulator, rows at stride `ld_o`, `L·VECS` columns each.
+/// * `next`: rows to prefetch, row `j` requested as value row `j` is read (decode: this panel's
+///   part of the same rows one key block ahead); `None` in prefill.
 #[allow(clippy::too_many_arguments)] // one tile's operands; a struct would only rename them
 #[inline(always)]
 pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lanes>(
