@@ -310,7 +310,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
         let keys = pass * tile_keys..((pass + 1) * tile_keys).min(block.len());
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
-            // While this head's keys are computed, the next block's rows of the head (same
+            // While this head's keys are computed, the next block's K rows of the head (same
             // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
             // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
             let next = Ahead::new(
@@ -338,11 +338,11 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
 /// next block's first key; keys at or past the cache's end are not requested. Past the work
 /// unit's own keys they are the first block of the item's next key split, the unit that the
 /// same thread most often runs next (an item's splits are adjacent units), so that block is
-/// not read cold. (A struct with an
-/// inlined method rather than a closure: the closure was left as a call in the dot-product
-/// loop, and every vector register is clobbered across a call.) The streams' addresses are
-/// found once here, so that a request in the loop is a multiply and the prefetches (the
-/// per-key search it replaced was 10% of a decode step's time in `perf`).
+/// not read cold. (A struct with an inlined method rather than a closure: the closure was
+/// left as a call in the dot-product loop, and every vector register is clobbered across a
+/// call.) The stream's addresses are found once here, so that a request in the loop is a
+/// multiply and the prefetches (the per-key search it replaced was 10% of a decode step's
+/// time in `perf`). V rows are requested by the output tile ([`output_product`]'s `next`).
 struct Ahead {
     keys: Option<RowStream>,
 }

@@ -4,9 +4,10 @@
 //! [`KvSource`] for the block's K rows and V rows as f32 [`Rows`], either in place (the
 //! caller's memory, when it already is f32 rows with unit stride) or converted/packed into the
 //! worker's buffers; the decode path may also take half-precision rows in place
-//! ([`KvSource::keys_in`]) and convert them as it loads them, and asks the source to prefetch the next block. Storage
-//! formats — strided tensors of every element type, dense, packed or paged ([`RowMap`]); an
-//! 8-bit quantized caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
+//! ([`KvSource::keys_in`]) and convert them as it loads them, and asks the source where the
+//! next block's rows lie ([`KvSource::prefetch_streams`]) to prefetch them. Storage formats —
+//! strided tensors of every element type, dense, packed or paged ([`RowMap`]); 8-bit quantized
+//! caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
 use crate::element::{Element, KvElement};
 use crate::simd::{Lanes, RowStream, Simd};
