@@ -240,12 +240,8 @@ fn block_loop<S: Simd, KV: KvSource>(
             // rows were requested during the dot products. Spread over both stages, the
             // requests leave fewer of the loads waiting for a free line buffer.
             let next_v = if t.by_channels {
-                let next = KeyRange {
-                    j0: block.j0 + bl.kv_block,
-                    ..at(g)
-                };
-                let [_, v] = cx.kv.prefetch_streams(next);
-                v.map(|v| v.limit(cx.problem.n_kv.saturating_sub(next.j0)))
+                let [_, v] = next_block(cx, at(g));
+                v
             } else {
                 None
             };
@@ -313,20 +309,13 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             // While this head's keys are computed, the next block's K rows of the head (same
             // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
             // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
-            let next = Ahead::new(
-                &cx.kv,
-                KeyRange {
-                    j0: block.j0 + cx.blocking.kv_block,
-                    ..at(g)
-                },
-                cx.problem.n_kv,
-            );
+            let [next, _] = next_block(cx, at(g));
             let range = (keys.clone(), rows);
             count += match cx.kv.keys_in::<E>(at(g)) {
-                Some(k) => scores_by_channels(s, t, block, k, range, tile, &next),
+                Some(k) => scores_by_channels(s, t, block, k, range, tile, next),
                 None => {
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, &next)
+                    scores_by_channels(s, t, block, k, range, tile, next)
                 }
             };
         }
@@ -334,35 +323,23 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     count
 }
 
-/// The rows one key block ahead of the block being computed, for one kv head, from the
-/// next block's first key; keys at or past the cache's end are not requested. Past the work
-/// unit's own keys they are the first block of the item's next key split, the unit that the
-/// same thread most often runs next (an item's splits are adjacent units), so that block is
-/// not read cold. (A struct with an inlined method rather than a closure: the closure was
-/// left as a call in the dot-product loop, and every vector register is clobbered across a
-/// call.) The stream's addresses are found once here, so that a request in the loop is a
-/// multiply and the prefetches (the per-key search it replaced was 10% of a decode step's
-/// time in `perf`). V rows are requested by the output tile ([`output_product`]'s `next`).
-struct Ahead {
-    keys: Option<RowStream>,
-}
-
-impl Ahead {
-    #[inline(always)]
-    fn new(kv: &impl KvSource, next: KeyRange, end: usize) -> Self {
-        let [keys, _] = kv.prefetch_streams(next);
-        Ahead {
-            keys: keys.map(|k| k.limit(end.saturating_sub(next.j0))),
-        }
-    }
-
-    /// Requests the K rows of keys `jj .. jj + n` of the next block.
-    #[inline(always)]
-    fn request(&self, jj: usize, n: usize) {
-        if let Some(k) = &self.keys {
-            k.request(jj, n);
-        }
-    }
+/// The K and V rows of kv head `at.kv_head` one key block ahead of the block at `at.j0`, for
+/// prefetching (the dot products request K, the output tile V); keys at or past the cache's
+/// end are not requested. Past the work unit's own keys they are the first block of the
+/// item's next key split, the unit that the same thread most often runs next (an item's
+/// splits are adjacent units), so that block is not read cold. The addresses are found once
+/// per block and head, so that a request in a loop is a multiply and the prefetches (the
+/// per-key search it replaced was 10% of a decode step's time in `perf`).
+#[inline(always)]
+fn next_block(cx: &Ctx<'_, impl KvSource>, at: KeyRange) -> [Option<RowStream>; 2] {
+    let next = KeyRange {
+        j0: at.j0 + cx.blocking.kv_block,
+        ..at
+    };
+    let live = cx.problem.n_kv.saturating_sub(next.j0);
+    cx.kv
+        .prefetch_streams(next)
+        .map(|rows| rows.map(|r| r.limit(live)))
 }
 
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
@@ -951,7 +928,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     keys: Rows<'_, E>,
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
-    next: &Ahead,
+    next: Option<RowStream>,
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -990,12 +967,14 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     d: usize,
     st: &mut [f32],
     ld_s: usize,
-    next: &Ahead,
+    next: Option<RowStream>,
 ) -> u64 {
     let mut count = 0;
     let mut jj = plo;
     while jj + KEYS <= phi {
-        next.request(jj, KEYS);
+        if let Some(k) = &next {
+            k.request(jj, KEYS);
+        }
         let mut k: [&[E]; KEYS] = [&[]; KEYS];
         for (t, row) in k.iter_mut().enumerate() {
             *row = keys.row(jj + t, d);
@@ -1008,7 +987,9 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         count += 1;
     }
     while jj < phi {
-        next.request(jj, 1);
+        if let Some(k) = &next {
+            k.request(jj, 1);
+        }
         let out = dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d);
         st[jj * ld_s..][..ROWS].copy_from_slice(&out[0]);
         jj += 1;
