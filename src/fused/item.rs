@@ -87,9 +87,6 @@ struct Tiles {
     /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
     /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
     by_channels: bool,
-    /// 8-bit keys may be read in place: every packed Q value is finite and the unscaled dot
-    /// products (`|q · k| ≤ max|q| · 128 · d_k`) cannot overflow ([`super::quant`]).
-    small_q: bool,
 }
 
 /// One key block `j0 .. j1` (absolute key indices).
@@ -131,13 +128,8 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
         by_channels: bl.by_channels(),
-        small_q: false,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
-    let t = Tiles {
-        small_q: KV::I8 && t.by_channels && small_queries(&sc.tile.qt[..rows * t.d_k], t.d_k),
-        ..t
-    };
     let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
         return;
     };
@@ -212,15 +204,13 @@ fn block_loop<S: Simd, KV: KvSource>(
         if t.by_channels {
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
-            let (bufs, t_ref) = ((&mut *kv.k, &mut kv.factors[..]), &t);
+            let (k_buf, t_ref) = (&mut kv.k, &t);
             *tiles += if KV::F16 {
-                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
             } else if KV::BF16 {
-                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, bufs, tile)
-            } else if KV::I8 {
-                head_scores::<S, i8, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
             } else {
-                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, k_buf, tile)
             };
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
@@ -273,16 +263,6 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
-            } else if t.by_channels && KV::I8 {
-                // 8-bit V rows in place (finite by construction), each key's weights times
-                // its V scale: p · (s·v) = (p·s) · v.
-                if let Some(v) = cx.kv.values_in::<i8>(at(g), t.d_vp) {
-                    let factors = &mut kv.factors[..len];
-                    cx.kv.row_factors(at(g), true, factors);
-                    scale_weights(&t, rows.clone(), factors, tile);
-                    output_product(s, &t, &block, v, rows, tile, next_v);
-                    continue;
-                }
             }
             let values = load_values(s, &cx.kv, at(g), &t, isolate, &mut kv.v, &mut kv.non_finite);
             output_product(s, &t, &block, values, rows.clone(), tile, next_v);
@@ -305,7 +285,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     item: &Item,
     t: &Tiles,
     block: &Block,
-    (k_buf, factors): (&mut [f32], &mut [f32]),
+    k_buf: &mut [f32],
     tile: &mut TileBuffers,
 ) -> u64 {
     let head_rows = item.q_len * cx.blocking.group;
@@ -315,21 +295,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
         j0: block.j0,
         len: block.len(),
     };
-    // 8-bit keys only where their unscaled dot products cannot overflow.
-    let keys_in = |g: usize| match KV::I8 && !t.small_q {
-        true => None,
-        false => cx.kv.keys_in::<E>(at(g)),
-    };
-    let in_place = keys_in(0).is_some();
-    // Their scales, per head: each key's scores are multiplied by its K scale.
-    let len = block.len();
-    let scaled = KV::I8 && in_place;
-    if scaled {
-        for g in 0..item.heads {
-            cx.kv
-                .row_factors(at(g), false, &mut factors[g * len..(g + 1) * len]);
-        }
-    }
+    let in_place = cx.kv.keys_in::<E>(at(0)).is_some();
     let (tile_keys, passes) = if in_place {
         (KEY_TILE, block.len().div_ceil(KEY_TILE))
     } else {
@@ -345,12 +311,11 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
             let [next, _] = next_block(cx, at(g));
             let range = (keys.clone(), rows);
-            let f = scaled.then(|| &factors[g * len..(g + 1) * len]);
-            count += match keys_in(g) {
-                Some(k) => scores_by_channels(s, t, block, k, range, tile, next, f),
+            count += match cx.kv.keys_in::<E>(at(g)) {
+                Some(k) => scores_by_channels(s, t, block, k, range, tile, next),
                 None => {
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, next, None)
+                    scores_by_channels(s, t, block, k, range, tile, next)
                 }
             };
         }
@@ -418,26 +383,6 @@ fn pack_queries<S: Simd, Q: Element>(
         let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
         for c in 0..t.d_k {
             panel[c * nr + r % nr] = q[base + c * qs_d].to_f32();
-        }
-    }
-}
-
-/// Whether 8-bit keys may be read in place against the packed Q rows `qt` ([`Tiles::small_q`]):
-/// every value finite and `max|q| · 128 · d_k` at most half of `f32::MAX`, so no partial sum
-/// of an unscaled dot product (`|k| ≤ 128`) overflows.
-fn small_queries(qt: &[f32], d_k: usize) -> bool {
-    let bound = f32::MAX / 2.0 / 128.0 / d_k.max(1) as f32;
-    // NaN and ±∞ fail the comparison.
-    qt.iter().fold(true, |ok, &x| ok & (x.abs() <= bound))
-}
-
-/// 8-bit values read in place: the weights of rows `rows` for each block key `jj` times its
-/// V scale `factors[jj]`, so that the output tile's `(p·s) · v` is `p · (s·v)`. The row sums
-/// were taken before, without it.
-fn scale_weights(t: &Tiles, rows: Range<usize>, factors: &[f32], tile: &mut TileBuffers) {
-    for (jj, &f) in factors.iter().enumerate() {
-        for p in &mut tile.st[jj * t.ld_s..][rows.clone()] {
-            *p *= f;
         }
     }
 }
@@ -984,7 +929,6 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
     next: Option<RowStream>,
-    factors: Option<&[f32]>,
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -1001,7 +945,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
         ($($rows:literal => $keys:literal),*) => {
             match rows.len() {
                 $($rows if $rows <= S::LANES / 2 => {
-                    dots::<S, $keys, $rows, E>(s, keys, range, q, t.d_k, (st, t.ld_s), next, factors)
+                    dots::<S, $keys, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
                 })*
                 n => unreachable!("{n} rows by channels"),
             }
@@ -1012,7 +956,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
 }
 
 /// [`scores_by_channels`] for `ROWS` rows, `KEYS` keys per tile (then one at a time): row `r`
-/// of key `jj` goes to `st[jj · ld_s + r]`, times `factors[jj]` if given (8-bit keys' scales).
+/// of key `jj` goes to `st[jj · ld_s + r]`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
@@ -1021,21 +965,10 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     (plo, phi): (usize, usize),
     q: &[f32],
     d: usize,
-    (st, ld_s): (&mut [f32], usize),
+    st: &mut [f32],
+    ld_s: usize,
     next: Option<RowStream>,
-    factors: Option<&[f32]>,
 ) -> u64 {
-    let mut store = |jj: usize, scores: &[f32; ROWS]| {
-        let dst = &mut st[jj * ld_s..][..ROWS];
-        match factors {
-            Some(f) => {
-                for (x, &y) in dst.iter_mut().zip(scores) {
-                    *x = y * f[jj];
-                }
-            }
-            None => dst.copy_from_slice(scores),
-        }
-    };
     let mut count = 0;
     let mut jj = plo;
     while jj + KEYS <= phi {
@@ -1048,7 +981,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         }
         let out = dot_tile::<S, KEYS, ROWS, E>(s, k, q, d);
         for (t, scores) in out.iter().enumerate() {
-            store(jj + t, scores);
+            st[(jj + t) * ld_s..][..ROWS].copy_from_slice(scores);
         }
         jj += KEYS;
         count += 1;
@@ -1058,7 +991,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
             k.request(jj, 1);
         }
         let out = dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d);
-        store(jj, &out[0]);
+        st[jj * ld_s..][..ROWS].copy_from_slice(&out[0]);
         jj += 1;
         count += 1;
     }

@@ -100,14 +100,6 @@ impl<'s, E> Rows<'s, E> {
     }
 }
 
-impl<'s> Rows<'s, i8> {
-    /// The same rows as `E`, if `E` is `i8` (8-bit rows read in place).
-    #[inline(always)]
-    pub(super) fn as_lanes<E: Lanes>(self) -> Option<Rows<'s, E>> {
-        Some(self.retype(E::of_i8(self.data)?))
-    }
-}
-
 /// The keys `j0 .. j0 + len` of one (batch, key/value head).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KeyRange {
@@ -135,27 +127,17 @@ pub(crate) trait KvSource: Sync {
     /// columns keep their zeros.
     fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
 
-    /// Whether the storage holds f16, bf16 or `i8` (constants, so that a kernel branching on
-    /// them compiles only its own element type's code).
+    /// Whether the storage holds f16 or bf16 (constants, so that a kernel branching on them
+    /// compiles only its own element type's code).
     const F16: bool;
     const BF16: bool;
-    const I8: bool;
 
-    /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
-    /// (8-bit rows: and one scale per key, [`KvSource::row_factors`]).
+    /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride.
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>>;
 
     /// The V rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
-    /// and `d_v = d_v_pad` (8-bit rows: and one scale per key).
+    /// and `d_v = d_v_pad`.
     fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>>;
-
-    /// The factor every value of each row of `at` read in place ([`KvSource::keys_in`],
-    /// [`KvSource::values_in`]) stands for times its stored value, into `out[..at.len]`: the
-    /// per-key scales of an 8-bit cache (K's, or V's with `values`); 1 for the float types.
-    fn row_factors(&self, at: KeyRange, values: bool, out: &mut [f32]) {
-        let _ = (at, values);
-        out.fill(1.0);
-    }
 
     /// Where the K and V rows of the keys from `at.j0` on lie, for prefetching them: plain
     /// strided rows only (paged caches and strided channels give `None`). Computed once per
@@ -296,7 +278,7 @@ impl<T: KvElement> TensorKv<'_, T> {
 
     /// The rows of `at` in place in `t`, in its element type, if its channel stride is 1.
     #[inline(always)]
-    pub(super) fn rows_of<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s, T>> {
+    fn rows_of<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s, T>> {
         let [s0, s1, s2, s3] = t.strides();
         let data = t.data();
         if s3 != 1 {
@@ -388,7 +370,6 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
 
     const F16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 2048.0;
     const BF16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 256.0;
-    const I8: bool = false;
 
     #[inline(always)]
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {

@@ -1,24 +1,11 @@
 //! 8-bit K/V: the [`KvSource`] of `i8` caches with f32 scales
 //! ([`Options::kv_scales`](crate::Options::kv_scales)).
 //!
-//! Two ways, both exact up to one rounding per value or product, which
-//! [`crate::reference::error_bounds`] counts:
-//!
-//! * **Dequantized** block by block into the worker's buffers, `x = x_i8 · scale` in f32, so
-//!   every later stage — scores, masks, softmax, output — is the f32 kernel's and every option
-//!   works unchanged.
-//! * **In place** (decode's few rows per head, scales per key — per tensor or per (token, kv
-//!   head) — and unit channel stride): the dot products and the output tile read the `i8`
-//!   rows and convert them as they load them, like half-precision rows, and the scales are
-//!   applied per key instead of per value: each key's scores are multiplied by its K scale
-//!   (`q · (s·k) = s · (q · k)`) and its softmax weights by its V scale before the output
-//!   product (`p · (s·v) = (p·s) · v`); the row sums `l` keep the weights without it. Half
-//!   the bytes of f16 and no dequantization pass. The unscaled dot products are bounded by
-//!   `max|q| · 128 · d_k`; where that could overflow (or Q holds NaN/±∞), keys are dequantized
-//!   instead, so that results never differ in their non-finite values.
-//!
-//! The scales were validated finite with `|scale| · 128` finite, so dequantized values are
-//! finite: the set-aside path for NaN/±∞ values finds nothing.
+//! Rows are dequantized block by block into the worker's buffers, `x = x_i8 · scale` in f32
+//! (one rounding per value, which [`crate::reference::error_bounds`] counts), so every later
+//! stage — scores, masks, softmax, output — is the f32 kernel's and every option works
+//! unchanged. The scales were validated finite with `|scale| · 128` finite, so dequantized
+//! values are finite: the set-aside path for NaN/±∞ values finds nothing.
 
 use super::kv::{KeyRange, KvSource, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
@@ -105,41 +92,12 @@ impl KvSource for QuantKv<'_> {
     const F16: bool = false;
     const BF16: bool = false;
 
-    const I8: bool = true;
-
-    #[inline(always)]
-    fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {
-        if !per_key(&self.scales.k, self.kv.k.dims()[3]) {
-            return None;
-        }
-        let rows = self.kv.rows_of(&self.kv.k, at)?;
-        rows.as_lanes()
+    fn keys_in<E: Lanes>(&self, _: KeyRange) -> Option<Rows<'_, E>> {
+        None
     }
 
-    #[inline(always)]
-    fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>> {
-        let d_v = self.kv.v.dims()[3];
-        if d_v != d_v_pad || d_v == 0 || !per_key(&self.scales.v, d_v) {
-            return None;
-        }
-        let rows = self.kv.rows_of(&self.kv.v, at)?;
-        rows.as_lanes()
-    }
-
-    #[inline(always)]
-    fn row_factors(&self, at: KeyRange, values: bool, out: &mut [f32]) {
-        let scales = if values {
-            &self.scales.v
-        } else {
-            &self.scales.k
-        };
-        let [s0, s1, s2, _] = scales.strides;
-        for (j, f) in out[..at.len].iter_mut().enumerate() {
-            // Inside the scales' view: they broadcast against K/V's dims (validated), and the
-            // key's storage position and the kv head are inside those.
-            let (b, s) = self.kv.position(at, j);
-            *f = scales.data[b * s0 + s * s1 + at.kv_head * s2];
-        }
+    fn values_in<E: Lanes>(&self, _: KeyRange, _: usize) -> Option<Rows<'_, E>> {
+        None
     }
 
     #[inline(always)]
@@ -149,10 +107,4 @@ impl KvSource for QuantKv<'_> {
             self.kv.stream(&self.kv.v, at),
         ]
     }
-}
-
-/// Whether `scales` hold one scale per key (per tensor, or per (token, kv head)): their channel
-/// dim broadcasts, or rows have at most one channel.
-fn per_key(scales: &Broadcast<'_, f32>, width: usize) -> bool {
-    scales.strides[3] == 0 || width <= 1
 }

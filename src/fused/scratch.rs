@@ -49,9 +49,6 @@ pub(crate) struct KvBuffers {
     pub v_row: Aligned,
     /// Block-relative keys whose value row holds NaN or ±∞ (capacity `kv_block`).
     pub non_finite: Vec<usize>,
-    /// Per-key factors of rows read in place from an 8-bit cache (its scales), `(heads + 1) ×
-    /// kv_block`: the K scales of each of the item's kv heads, then one head's V scales.
-    pub factors: Vec<f32>,
 }
 
 /// Everything one worker needs to run work items.
@@ -141,7 +138,7 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 16] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 15] {
         let rows = b.max_panel_rows();
         let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
         let words = |len: Option<usize>| Buffer {
@@ -168,11 +165,6 @@ impl Scratch {
             f32s(b.kv_block.checked_mul(b.d_v_pad)), // v
             f32s(Some(b.d_v_pad)),              // v_row
             words(Some(b.kv_block)),            // non_finite (its capacity)
-            f32s(
-                b.heads
-                    .checked_add(1)
-                    .and_then(|h| h.checked_mul(b.kv_block)),
-            ), // factors
         ]
     }
 
@@ -201,7 +193,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite, factors] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -226,7 +218,6 @@ impl Scratch {
                 v: aligned(&v)?,
                 v_row: aligned(&v_row)?,
                 non_finite,
-                factors: zeroed(&factors)?,
             },
             tiles: 0,
         })
