@@ -5,9 +5,11 @@
 //! ```text
 //! cargo run --release --example bench -- --b 1 --h 8 --nq 2048 --nkv 2048 --d 64 --threads 1
 //! ```
-//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps --peak` (`--hkv` defaults to
-//! `--h`, `--threads` to all cores, `--reps` to 5). Q, K, V are BHSD (PyTorch's layout) with
+//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps --peak --kv` (`--hkv` defaults
+//! to `--h`, `--threads` to all cores, `--reps` to 5). Q, K, V are BHSD (PyTorch's layout) with
 //! values uniform in [-1, 1). Prints the median of `reps` timed calls after one warm-up call.
+//! `--kv f16` or `--kv bf16` stores K and V in that type (the same values, rounded; Q and the
+//! output stay f32, as llama.cpp runs an f16 cache), and the line then carries `kv_dtype`.
 //!
 //! `--peak` (x86-64) also measures the machine's f32 FMA peak for the vector width of the
 //! backend sdpa runs (512-bit FMAs for AVX-512, 256-bit for AVX2): a loop of independent FMAs
@@ -17,7 +19,8 @@
 //! VM, where a busy neighbour on the same physical core slows both alike, that ratio moves far
 //! less than either figure.
 
-use sdpa::{Alignment, Options, Tensor, TensorMut};
+use sdpa::half::{bf16, f16};
+use sdpa::{Alignment, KvElement, Options, Tensor, TensorMut};
 use std::time::Instant;
 
 struct Args {
@@ -31,6 +34,8 @@ struct Args {
     threads: usize,
     reps: usize,
     peak: bool,
+    /// K/V element type: "f32", "f16" or "bf16".
+    kv: String,
 }
 
 fn parse() -> Result<Args, String> {
@@ -45,12 +50,20 @@ fn parse() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reps: 5,
         peak: false,
+        kv: "f32".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--causal" || flag == "--peak" {
             a.causal |= flag == "--causal";
             a.peak |= flag == "--peak";
+            continue;
+        }
+        if flag == "--kv" {
+            a.kv = it.next().ok_or("--kv needs a value")?;
+            if !["f32", "f16", "bf16"].contains(&a.kv.as_str()) {
+                return Err(format!("--kv {}: f32, f16 or bf16", a.kv));
+            }
             continue;
         }
         let value = it
@@ -112,15 +125,44 @@ fn main() {
         .num_threads(a.threads)
         .build()
         .expect("thread pool");
-    let run = |out: &mut [f32]| -> f64 {
-        let qt = Tensor::bhsd(&q, [a.b, a.h, a.nq, a.d]).expect("q");
-        let kt = Tensor::bhsd(&k, [a.b, a.hkv, a.nkv, a.d]).expect("k");
-        let vt = Tensor::bhsd(&v, [a.b, a.hkv, a.nkv, a.d]).expect("v");
+    let (k16, v16): (Vec<f16>, Vec<f16>) = match a.kv.as_str() {
+        "f16" => (
+            k.iter().map(|&x| f16::from_f32(x)).collect(),
+            v.iter().map(|&x| f16::from_f32(x)).collect(),
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let (kb16, vb16): (Vec<bf16>, Vec<bf16>) = match a.kv.as_str() {
+        "bf16" => (
+            k.iter().map(|&x| bf16::from_f32(x)).collect(),
+            v.iter().map(|&x| bf16::from_f32(x)).collect(),
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    /// One timed call with K/V of type `T`.
+    fn call<T: KvElement>(
+        a: &Args,
+        q: &[f32],
+        (k, v): (&[T], &[T]),
+        out: &mut [f32],
+        opts: &Options,
+        pool: &rayon::ThreadPool,
+    ) -> f64 {
+        let qt = Tensor::bhsd(q, [a.b, a.h, a.nq, a.d]).expect("q");
+        let kt = Tensor::bhsd(k, [a.b, a.hkv, a.nkv, a.d]).expect("k");
+        let vt = Tensor::bhsd(v, [a.b, a.hkv, a.nkv, a.d]).expect("v");
         let mut ot = TensorMut::bhsd(out, [a.b, a.h, a.nq, a.d]).expect("out");
         let t = Instant::now();
-        pool.install(|| sdpa::attention(&qt, &kt, &vt, &mut ot, &opts))
+        pool.install(|| sdpa::attention(&qt, &kt, &vt, &mut ot, opts))
             .expect("attention");
         t.elapsed().as_secs_f64()
+    }
+    let run = |out: &mut [f32]| -> f64 {
+        match a.kv.as_str() {
+            "f16" => call(&a, &q, (&k16, &v16), out, &opts, &pool),
+            "bf16" => call(&a, &q, (&kb16, &vb16), out, &opts, &pool),
+            _ => call(&a, &q, (&k, &v), out, &opts, &pool),
+        }
     };
     run(&mut out);
     let flops = 4.0 * (a.b * a.h * a.nq * a.nkv * a.d) as f64;
@@ -141,6 +183,10 @@ fn main() {
         }
     }
     let s = median(&mut times);
+    let kv_field = match a.kv.as_str() {
+        "f32" => String::new(),
+        other => format!(", \"kv_dtype\": \"{other}\""),
+    };
     let peak_fields = if peaks.is_empty() {
         String::new()
     } else {
@@ -151,7 +197,7 @@ fn main() {
         )
     };
     println!(
-        "{{\"kernel\": \"sdpa\", \"s\": {s:.6e}, \"gflops\": {:.3}, \"b\": {}, \"h\": {}, \"hkv\": {}, \"nq\": {}, \"nkv\": {}, \"d\": {}, \"causal\": {}, \"threads\": {}{peak_fields}}}",
+        "{{\"kernel\": \"sdpa\", \"s\": {s:.6e}, \"gflops\": {:.3}, \"b\": {}, \"h\": {}, \"hkv\": {}, \"nq\": {}, \"nkv\": {}, \"d\": {}, \"causal\": {}, \"threads\": {}{kv_field}{peak_fields}}}",
         flops / s / 1e9,
         a.b,
         a.h,
