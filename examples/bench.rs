@@ -34,8 +34,15 @@ struct Args {
     threads: usize,
     reps: usize,
     peak: bool,
-    /// K/V element type: "f32", "f16" or "bf16".
-    kv: String,
+    kv: KvType,
+}
+
+/// The element type K and V are stored in (`--kv`).
+#[derive(Clone, Copy, PartialEq)]
+enum KvType {
+    F32,
+    F16,
+    Bf16,
 }
 
 fn parse() -> Result<Args, String> {
@@ -50,7 +57,7 @@ fn parse() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         reps: 5,
         peak: false,
-        kv: "f32".into(),
+        kv: KvType::F32,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,10 +67,17 @@ fn parse() -> Result<Args, String> {
             continue;
         }
         if flag == "--kv" {
-            a.kv = it.next().ok_or("--kv needs a value")?;
-            if !["f32", "f16", "bf16"].contains(&a.kv.as_str()) {
-                return Err(format!("--kv {}: f32, f16 or bf16", a.kv));
-            }
+            a.kv = match it.next().as_deref() {
+                Some("f32") => KvType::F32,
+                Some("f16") => KvType::F16,
+                Some("bf16") => KvType::Bf16,
+                other => {
+                    return Err(match other {
+                        Some(x) => format!("--kv {x}: expected f32, f16 or bf16"),
+                        None => "--kv needs a value: f32, f16 or bf16".to_string(),
+                    })
+                }
+            };
             continue;
         }
         let value = it
@@ -125,20 +139,23 @@ fn main() {
         .num_threads(a.threads)
         .build()
         .expect("thread pool");
-    let (k16, v16): (Vec<f16>, Vec<f16>) = match a.kv.as_str() {
-        "f16" => (
-            k.iter().map(|&x| f16::from_f32(x)).collect(),
-            v.iter().map(|&x| f16::from_f32(x)).collect(),
-        ),
-        _ => (Vec::new(), Vec::new()),
-    };
-    let (kb16, vb16): (Vec<bf16>, Vec<bf16>) = match a.kv.as_str() {
-        "bf16" => (
-            k.iter().map(|&x| bf16::from_f32(x)).collect(),
-            v.iter().map(|&x| bf16::from_f32(x)).collect(),
-        ),
-        _ => (Vec::new(), Vec::new()),
-    };
+    // K and V rounded to the `--kv` type once, before any timing (empty when not used).
+    fn rounded<T>(x: &[f32], used: bool, f: fn(f32) -> T) -> Vec<T> {
+        match used {
+            true => x.iter().map(|&x| f(x)).collect(),
+            false => Vec::new(),
+        }
+    }
+    let half = a.kv == KvType::F16;
+    let (k16, v16) = (
+        rounded(&k, half, f16::from_f32),
+        rounded(&v, half, f16::from_f32),
+    );
+    let brain = a.kv == KvType::Bf16;
+    let (kb16, vb16) = (
+        rounded(&k, brain, bf16::from_f32),
+        rounded(&v, brain, bf16::from_f32),
+    );
     /// One timed call with K/V of type `T`.
     fn call<T: KvElement>(
         a: &Args,
@@ -158,10 +175,10 @@ fn main() {
         t.elapsed().as_secs_f64()
     }
     let run = |out: &mut [f32]| -> f64 {
-        match a.kv.as_str() {
-            "f16" => call(&a, &q, (&k16, &v16), out, &opts, &pool),
-            "bf16" => call(&a, &q, (&kb16, &vb16), out, &opts, &pool),
-            _ => call(&a, &q, (&k, &v), out, &opts, &pool),
+        match a.kv {
+            KvType::F16 => call(&a, &q, (&k16, &v16), out, &opts, &pool),
+            KvType::Bf16 => call(&a, &q, (&kb16, &vb16), out, &opts, &pool),
+            KvType::F32 => call(&a, &q, (&k, &v), out, &opts, &pool),
         }
     };
     run(&mut out);
@@ -183,9 +200,10 @@ fn main() {
         }
     }
     let s = median(&mut times);
-    let kv_field = match a.kv.as_str() {
-        "f32" => String::new(),
-        other => format!(", \"kv_dtype\": \"{other}\""),
+    let kv_field = match a.kv {
+        KvType::F32 => String::new(),
+        KvType::F16 => ", \"kv_dtype\": \"f16\"".to_string(),
+        KvType::Bf16 => ", \"kv_dtype\": \"bf16\"".to_string(),
     };
     let peak_fields = if peaks.is_empty() {
         String::new()
