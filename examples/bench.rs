@@ -17,7 +17,9 @@
 //! timed call. The line then carries `peak_gflops` (median of those bursts) and `pct_peak`
 //! (median over the calls of each call's GFLOP/s over the burst just before it): on a shared
 //! VM, where a busy neighbour on the same physical core slows both alike, that ratio moves far
-//! less than either figure.
+//! less than either figure. Where the CPU has AVX512_BF16 it also carries `peak_bf16_gflops`:
+//! the same kind of burst of 512-bit `vdpbf16ps` (bf16 pairs multiplied and summed into f32),
+//! measured once, for comparison with the f32 FMA peak.
 
 use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, KvElement, Options, Tensor, TensorMut};
@@ -208,8 +210,11 @@ fn main() {
     let peak_fields = if peaks.is_empty() {
         String::new()
     } else {
+        // The bf16 dot-product rate, where the CPU has it, for comparison with the f32 peak.
+        let bf16 = peak::bf16_gflops(&pool, 0.02)
+            .map_or(String::new(), |g| format!(", \"peak_bf16_gflops\": {g:.1}"));
         format!(
-            ", \"peak_gflops\": {:.1}, \"pct_peak\": {:.1}",
+            ", \"peak_gflops\": {:.1}, \"pct_peak\": {:.1}{bf16}",
             median(&mut peaks),
             100.0 * median(&mut fractions)
         )
@@ -268,6 +273,38 @@ mod peak {
         None
     }
 
+    /// GFLOP/s (two per multiply-add) of all the pool's threads running independent 512-bit
+    /// `vdpbf16ps` (AVX512_BF16: 32 bf16 products summed pairwise into 16 f32 lanes) for about
+    /// `seconds`, or `None` where the CPU lacks that instruction.
+    pub fn bf16_gflops(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
+        let per_thread = pool.broadcast(|_| bf16_burst(seconds));
+        per_thread.into_iter().sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn bf16_burst(seconds: f64) -> Option<f64> {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
+            return None;
+        }
+        // SAFETY: both features were detected just above.
+        let run = |steps| unsafe { dpbf16_512_body(steps) };
+        let mut steps = 4096u64;
+        loop {
+            let t = std::time::Instant::now();
+            std::hint::black_box(run(std::hint::black_box(steps)));
+            let s = t.elapsed().as_secs_f64();
+            if s >= seconds || steps >= 1 << 40 {
+                return Some((steps * ACCUMULATORS as u64 * 64) as f64 / s / 1e9);
+            }
+            steps = (steps as f64 * (1.2 * seconds / s.max(1e-6)).min(64.0)) as u64;
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn bf16_burst(_seconds: f64) -> Option<f64> {
+        None
+    }
+
     /// Independent FMA chains per loop step: enough to cover the FMA latency (4 cycles) on two
     /// ports with room to spare, few enough to stay in registers on both widths.
     #[cfg(target_arch = "x86_64")]
@@ -297,6 +334,27 @@ mod peak {
             }
         }
         acc.iter().map(|&x| _mm512_reduce_add_ps(x)).sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn dpbf16_512_body(steps: u64) -> f32 {
+        use std::arch::x86_64::*;
+        // bf16 pairs (1.0, 1.0) and (≈ 1e-4, ≈ 1e-4): the sums grow by ~2e-4 per step.
+        let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(hint_i32(0x3f80_3f80)));
+        let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(hint_i32(0x38d2_38d2)));
+        let mut acc = [_mm512_set1_ps(hint(0.5)); ACCUMULATORS];
+        for _ in 0..steps {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbf16_ps(*x, a, b);
+            }
+        }
+        acc.iter().map(|&x| _mm512_reduce_add_ps(x)).sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn hint_i32(x: i32) -> i32 {
+        std::hint::black_box(x)
     }
 
     #[cfg(target_arch = "x86_64")]
