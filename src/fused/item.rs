@@ -375,6 +375,22 @@ fn pack_queries<S: Simd, Q: Element>(
         }
         return;
     }
+    if qs_d == 1 {
+        // Whole vectors of channels, transposed in registers: element by element this was
+        // 14% of a short prefill (n = 128, d = 64).
+        let base = |r: usize| {
+            let (h, i) = item.row_origin(group, r);
+            let (b, i) = cx.problem.q_row(item.batch, i);
+            b * qs_b + i * qs_s + h * qs_h
+        };
+        if let Some(q) = f32::of(q) {
+            return transpose_rows(s, q, base, t, qt);
+        } else if let Some(q) = f16::of(q) {
+            return transpose_rows(s, q, base, t, qt);
+        } else if let Some(q) = bf16::of(q) {
+            return transpose_rows(s, q, base, t, qt);
+        }
+    }
     qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
     for r in 0..t.rows {
         let (h, i) = item.row_origin(group, r);
@@ -383,6 +399,52 @@ fn pack_queries<S: Simd, Q: Element>(
         let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
         for c in 0..t.d_k {
             panel[c * nr + r % nr] = q[base + c * qs_d].to_f32();
+        }
+    }
+}
+
+/// [`pack_queries`] for rows of unit channel stride: row `r` of the item is `q[base(r) ..][..d_k]`.
+/// `LANES` rows at a time, a `LANES × LANES` block of them is loaded (converted to f32),
+/// transposed in registers and stored as `LANES` steps of the panel; channels past the last
+/// whole vector one by one. Padding rows are zero.
+#[inline(always)]
+fn transpose_rows<S: Simd, E: Lanes>(
+    s: S,
+    q: &[E],
+    base: impl Fn(usize) -> usize,
+    t: &Tiles,
+    qt: &mut [f32],
+) {
+    let (lanes, d) = (S::LANES, t.d_k);
+    let nr = 2 * lanes;
+    let whole = d / lanes * lanes;
+    let panels = t.rows.div_ceil(nr);
+    for r0 in (0..panels * nr).step_by(lanes) {
+        let panel = &mut qt[(r0 / nr) * nr * d..][..nr * d];
+        let lane0 = r0 % nr;
+        let live = t.rows.saturating_sub(r0).min(lanes);
+        let mut rows: [&[E]; 16] = [&[]; 16];
+        for (i, row) in rows[..live].iter_mut().enumerate() {
+            *row = &q[base(r0 + i)..][..d];
+        }
+        let mut v = [s.splat(0.0); 16];
+        for c0 in (0..whole).step_by(lanes) {
+            for (x, row) in v[..live].iter_mut().zip(&rows) {
+                *x = E::load(s, &row[c0..c0 + lanes]);
+            }
+            for x in &mut v[live..lanes] {
+                *x = s.splat(0.0);
+            }
+            s.transpose(&mut v[..lanes]);
+            for (c, &x) in v[..lanes].iter().enumerate() {
+                s.store(&mut panel[(c0 + c) * nr + lane0..], x);
+            }
+        }
+        for c in whole..d {
+            let step = &mut panel[c * nr + lane0..][..lanes];
+            for (i, x) in step.iter_mut().enumerate() {
+                *x = if i < live { rows[i][c].scalar() } else { 0.0 };
+            }
         }
     }
 }

@@ -131,29 +131,50 @@ impl<O: Element> RowWriter<O> {
         debug_assert!(b < self.dims[0] && i < n_q && h < heads && o.len() >= d_v);
         // Validated: a sink is −∞ or has a finite σ·log₂e.
         let sink = sink.filter(|&s| s > f32::NEG_INFINITY);
+        // `1/L` and `log₂ L` (the latter only where the LSE is asked for: it is a scalar
+        // series, 3% of a short prefill).
+        let with_lse = !self.lse.is_null();
         let (inv, lse) = if l == 0.0 {
             (0.0, sink.unwrap_or(f32::NEG_INFINITY))
-        } else if let Some(sigma) = sink {
-            let s2 = sigma * LOG2_E;
-            let top = m.max(s2);
-            let o_scale = exp2(m - top);
-            let total = l * o_scale + exp2(s2 - top);
-            (o_scale / total, (top + log2(total)) * LN_2)
         } else {
-            (1.0 / l, (m + log2(l)) * LN_2)
+            let (top, total, scale) = match sink {
+                Some(sigma) => {
+                    let s2 = sigma * LOG2_E;
+                    let top = m.max(s2);
+                    let o_scale = exp2(m - top);
+                    (top, l * o_scale + exp2(s2 - top), o_scale)
+                }
+                None => (m, l, 1.0),
+            };
+            let lse = if with_lse {
+                (top + log2(total)) * LN_2
+            } else {
+                0.0
+            };
+            (scale / total, lse)
         };
         // A view with d_v = 0 has no element (its strides may be anything, even overflowing
         // once multiplied): no offset is formed for it.
         if d_v > 0 {
             let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
-            for (x, &ox) in o[..d_v].iter().enumerate() {
-                let value = if l == 0.0 { 0.0 } else { ox * inv };
-                // SAFETY: see the function's contract; the view is non-empty, so this index
-                // is inside its validated span.
-                unsafe { *self.out.add(base + x * self.strides[3]) = O::from_f32(value) };
+            let value = |ox: f32| O::from_f32(if l == 0.0 { 0.0 } else { ox * inv });
+            if self.strides[3] == 1 {
+                // SAFETY: see the function's contract: with unit channel stride the row is the
+                // `d_v` elements from `base`, inside the view's validated span, and written by
+                // this thread alone.
+                let row = unsafe { std::slice::from_raw_parts_mut(self.out.add(base), d_v) };
+                for (x, &ox) in row.iter_mut().zip(&o[..d_v]) {
+                    *x = value(ox);
+                }
+            } else {
+                for (x, &ox) in o[..d_v].iter().enumerate() {
+                    // SAFETY: see the function's contract; the view is non-empty, so this
+                    // index is inside its validated span.
+                    unsafe { *self.out.add(base + x * self.strides[3]) = value(ox) };
+                }
             }
         }
-        if !self.lse.is_null() {
+        if with_lse {
             let idx = (b * heads + h) * n_q + i;
             debug_assert!(idx < self.lse_len);
             // SAFETY: see the function's contract.

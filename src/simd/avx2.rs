@@ -125,6 +125,31 @@ impl Simd for Avx2Fma {
         }
     }
     #[inline(always)]
+    fn transpose(self, v: &mut [__m256]) {
+        let v: &mut [__m256; 8] = v.try_into().expect("8 rows");
+        unsafe {
+            // As on AVX-512 (see there), with two 128-bit blocks: pairs, then quads (block L
+            // of u[4i + k] holds column 4L + k of rows 4i .. 4i + 4), then the blocks swapped.
+            let mut t = [_mm256_setzero_ps(); 8];
+            for i in 0..4 {
+                t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+                t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+            }
+            let mut u = [_mm256_setzero_ps(); 8];
+            for i in 0..2 {
+                let (lo, hi) = (4 * i, 4 * i + 2);
+                u[4 * i] = _mm256_shuffle_ps::<0x44>(t[lo], t[hi]);
+                u[4 * i + 1] = _mm256_shuffle_ps::<0xEE>(t[lo], t[hi]);
+                u[4 * i + 2] = _mm256_shuffle_ps::<0x44>(t[lo + 1], t[hi + 1]);
+                u[4 * i + 3] = _mm256_shuffle_ps::<0xEE>(t[lo + 1], t[hi + 1]);
+            }
+            for k in 0..4 {
+                v[k] = _mm256_permute2f128_ps::<0x20>(u[k], u[4 + k]);
+                v[4 + k] = _mm256_permute2f128_ps::<0x31>(u[k], u[4 + k]);
+            }
+        }
+    }
+    #[inline(always)]
     fn load_f16(self, s: &[f16]) -> __m256 {
         let s = &s[..8];
         // SAFETY: 8 readable f16s = 16 bytes (checked above); unaligned load.

@@ -164,6 +164,41 @@ impl Simd for Avx512 {
         out
     }
     #[inline(always)]
+    fn transpose(self, v: &mut [__m512]) {
+        let v: &mut [__m512; 16] = v.try_into().expect("16 rows");
+        unsafe {
+            // Pairs of rows interleaved: t[2i] = [a0 b0 a1 b1 | a4 b4 a5 b5 | …] of rows
+            // a = 2i, b = 2i + 1, t[2i + 1] the same from lanes 2, 3 of each 128-bit block.
+            let mut t = [_mm512_setzero_ps(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+            }
+            // Quads: 128-bit block L of u[4i + k] holds column 4L + k of rows 4i .. 4i + 4.
+            let mut u = [_mm512_setzero_ps(); 16];
+            for i in 0..4 {
+                let (lo, hi) = (4 * i, 4 * i + 2);
+                u[4 * i] = _mm512_shuffle_ps::<0x44>(t[lo], t[hi]);
+                u[4 * i + 1] = _mm512_shuffle_ps::<0xEE>(t[lo], t[hi]);
+                u[4 * i + 2] = _mm512_shuffle_ps::<0x44>(t[lo + 1], t[hi + 1]);
+                u[4 * i + 3] = _mm512_shuffle_ps::<0xEE>(t[lo + 1], t[hi + 1]);
+            }
+            // Column 4L + k gathers block L of u[k], u[4 + k], u[8 + k], u[12 + k]: a 4 × 4
+            // transpose of 128-bit blocks.
+            for k in 0..4 {
+                let (a, b, c, d) = (u[k], u[4 + k], u[8 + k], u[12 + k]);
+                let ab_lo = _mm512_shuffle_f32x4::<0x44>(a, b);
+                let ab_hi = _mm512_shuffle_f32x4::<0xEE>(a, b);
+                let cd_lo = _mm512_shuffle_f32x4::<0x44>(c, d);
+                let cd_hi = _mm512_shuffle_f32x4::<0xEE>(c, d);
+                v[k] = _mm512_shuffle_f32x4::<0x88>(ab_lo, cd_lo);
+                v[4 + k] = _mm512_shuffle_f32x4::<0xDD>(ab_lo, cd_lo);
+                v[8 + k] = _mm512_shuffle_f32x4::<0x88>(ab_hi, cd_hi);
+                v[12 + k] = _mm512_shuffle_f32x4::<0xDD>(ab_hi, cd_hi);
+            }
+        }
+    }
+    #[inline(always)]
     fn load_f16(self, s: &[f16]) -> __m512 {
         let s = &s[..16];
         // SAFETY: 16 readable f16s = 32 bytes (checked above); unaligned load; vcvtph2ps on

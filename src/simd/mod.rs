@@ -85,6 +85,26 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
         }
         out
     }
+    /// Transposes the `LANES × LANES` matrix held in `v` (`v.len() = LANES`, vector `i` its row
+    /// `i`): afterwards vector `c` holds what was lane `c` of every row. Backends with shuffles
+    /// do it in registers (AVX-512: 64 shuffles for 256 values); the default goes through
+    /// memory.
+    #[inline(always)]
+    fn transpose(self, v: &mut [Self::V]) {
+        let n = Self::LANES;
+        assert!(v.len() == n && n <= 16);
+        let mut m = [0.0f32; 256];
+        for (r, &x) in v.iter().enumerate() {
+            self.store(&mut m[r * n..], x);
+        }
+        let mut col = [0.0f32; 16];
+        for (c, x) in v.iter_mut().enumerate() {
+            for (r, y) in col[..n].iter_mut().enumerate() {
+                *y = m[r * n + c];
+            }
+            *x = self.load(&col[..n]);
+        }
+    }
     /// The first `LANES` elements of `s`, converted exactly to f32 (the CPU's conversion
     /// instructions where it has them).
     fn load_f16(self, s: &[f16]) -> Self::V;
@@ -426,6 +446,38 @@ mod tests {
         assert!(special[3].is_nan());
         assert_eq!(special[4], 1.0);
         assert_eq!(special[5], 0.5);
+    }
+
+    struct TransposeCheck;
+    impl Kernel for TransposeCheck {
+        type Output = ();
+        #[inline(always)]
+        fn run<S: Simd>(self, s: S) {
+            let n = S::LANES;
+            let m: Vec<f32> = (0..n * n).map(|x| x as f32).collect();
+            let mut v: Vec<S::V> = (0..n).map(|r| s.load(&m[r * n..])).collect();
+            s.transpose(&mut v);
+            let mut got = vec![0.0; n];
+            for (c, &x) in v.iter().enumerate() {
+                s.store(&mut got, x);
+                let want: Vec<f32> = (0..n).map(|r| m[r * n + c]).collect();
+                assert_eq!(got, want, "column {c} of {n} lanes");
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_on_every_backend() {
+        TransposeCheck.run(Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(s) = Avx2Fma::detect() {
+                avx2::run(s, TransposeCheck);
+            }
+            if let Some(s) = Avx512::detect() {
+                avx512::run(s, TransposeCheck);
+            }
+        }
     }
 
     #[test]
