@@ -357,11 +357,15 @@ fn pack_queries<S: Simd, Q: Element>(
     let group = cx.blocking.group;
     let [qs_b, qs_s, qs_h, qs_d] = q.strides();
     let q = q.data();
+    // Where row `r` of the item starts in `q`.
+    let base = |r: usize| {
+        let (h, i) = item.row_origin(group, r);
+        let (b, i) = cx.problem.q_row(item.batch, i);
+        b * qs_b + i * qs_s + h * qs_h
+    };
     if t.by_channels {
         for r in 0..t.rows {
-            let (h, i) = item.row_origin(group, r);
-            let (b, i) = cx.problem.q_row(item.batch, i);
-            let base = b * qs_b + i * qs_s + h * qs_h;
+            let base = base(r);
             let row = &mut qt[r * t.d_k..(r + 1) * t.d_k];
             if qs_d == 1 && t.d_k > 0 {
                 // Whole vectors (decode packs these rows once per key split: element by
@@ -378,11 +382,6 @@ fn pack_queries<S: Simd, Q: Element>(
     if qs_d == 1 {
         // Whole vectors of channels, transposed in registers: element by element this was
         // 14% of a short prefill (n = 128, d = 64).
-        let base = |r: usize| {
-            let (h, i) = item.row_origin(group, r);
-            let (b, i) = cx.problem.q_row(item.batch, i);
-            b * qs_b + i * qs_s + h * qs_h
-        };
         if let Some(q) = f32::of(q) {
             return transpose_rows(s, q, base, t, qt);
         } else if let Some(q) = f16::of(q) {
@@ -393,9 +392,7 @@ fn pack_queries<S: Simd, Q: Element>(
     }
     qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
     for r in 0..t.rows {
-        let (h, i) = item.row_origin(group, r);
-        let (b, i) = cx.problem.q_row(item.batch, i);
-        let base = b * qs_b + i * qs_s + h * qs_h;
+        let base = base(r);
         let panel = &mut qt[(r / nr) * nr * t.d_k..][..nr * t.d_k];
         for c in 0..t.d_k {
             panel[c * nr + r % nr] = q[base + c * qs_d].to_f32();
