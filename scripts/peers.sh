@@ -19,7 +19,8 @@
 # table.md.
 #
 # Grid (full): B=1, H=8, n_q = n_kv in {512, 2048, 4096}, d in {64, 128}, causal and not,
-# threads 1 and 2; decode: n_q = 1, H = 32, H_kv = 8, d = 128, n_kv in {4096, 16384}, not causal
+# threads 1 and 2; short prompts: B=4, H=32, n_q = n_kv in {128, 256}, d in {64, 128}, causal and
+# not; decode: n_q = 1, H = 32, H_kv = 8, d = 128, n_kv in {4096, 16384}, not causal
 # (with one query row, bottom-right causal hides nothing; PyTorch's is_causal is top-left and
 # would hide all but key 0, so no causal decode row is timed).
 #
@@ -68,6 +69,14 @@ for n in "${ns[@]}"; do
   done
 done
 for nkv in "${decode[@]}"; do shapes+=("1 32 8 1 $nkv 128 0"); done
+# Short prompts, many heads (B = 4, H = 32), where per-call overheads weigh most.
+if [ "$mode" != quick ]; then
+  for n in 128 256; do
+    for d in "${ds[@]}"; do
+      for c in 0 1; do shapes+=("4 32 32 $n $n $d $c"); done
+    done
+  done
+fi
 
 # Timed calls per run (after one warm-up call): more for cheap shapes, to steady their medians.
 reps_for() { # nq nkv
