@@ -255,14 +255,20 @@ mod peak {
             sdpa::Backend::Avx2Fma => (8, fma_256),
             _ => return None,
         };
-        // 4096 steps of 24 FMAs take ~25 µs: calibrate the count to the wanted time.
+        Some(rate(run, seconds, ACCUMULATORS as u64 * lanes as u64 * 2))
+    }
+
+    /// GFLOP/s of `run(steps)` (`flops_per_step` each) over about `seconds`: the step count is
+    /// calibrated from 4096 (~25 µs of FMAs) up to the wanted time.
+    #[cfg(target_arch = "x86_64")]
+    fn rate(run: impl Fn(u64) -> f32, seconds: f64, flops_per_step: u64) -> f64 {
         let mut steps = 4096u64;
         loop {
             let t = std::time::Instant::now();
             std::hint::black_box(run(std::hint::black_box(steps)));
             let s = t.elapsed().as_secs_f64();
             if s >= seconds || steps >= 1 << 40 {
-                return Some((steps * ACCUMULATORS as u64 * lanes as u64 * 2) as f64 / s / 1e9);
+                return (steps * flops_per_step) as f64 / s / 1e9;
             }
             steps = (steps as f64 * (1.2 * seconds / s.max(1e-6)).min(64.0)) as u64;
         }
@@ -288,16 +294,7 @@ mod peak {
         }
         // SAFETY: both features were detected just above.
         let run = |steps| unsafe { dpbf16_512_body(steps) };
-        let mut steps = 4096u64;
-        loop {
-            let t = std::time::Instant::now();
-            std::hint::black_box(run(std::hint::black_box(steps)));
-            let s = t.elapsed().as_secs_f64();
-            if s >= seconds || steps >= 1 << 40 {
-                return Some((steps * ACCUMULATORS as u64 * 64) as f64 / s / 1e9);
-            }
-            steps = (steps as f64 * (1.2 * seconds / s.max(1e-6)).min(64.0)) as u64;
-        }
+        Some(rate(run, seconds, ACCUMULATORS as u64 * 64))
     }
 
     #[cfg(not(target_arch = "x86_64"))]
