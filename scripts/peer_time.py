@@ -14,7 +14,7 @@ Kernels (--kernels, comma-separated, default all that apply):
 Install the optional ones with `scripts/peers_setup.sh --extra`.
 
 The JSON lines follow docs/bench-schema.md, like `cargo run --release --example bench`:
-{"kernel", "s" (median seconds of --reps timed calls after one warm-up call), "gflops"
+{"kernel", "s" (median seconds of --reps timed calls after 0.2 s of warm-up calls), "gflops"
 (4·b·h·nq·nkv·d / s / 1e9: the full, unmasked work even when causal), "b", "h", "hkv", "nq",
 "nkv", "d", "causal", "threads"}, plus "max_abs_diff" against torch_math's output where that ran
 (a check that the peers compute the same thing), "kv_dtype" and "note" for the optional peers,
@@ -72,9 +72,18 @@ def parse():
     return a
 
 
+# Seconds of untimed calls before the timed ones, as in sdpa's bench example (its WARM_UP_S):
+# a core that was idle before the run starts slowly, and one warm-up call of a short shape does
+# not get past that.
+WARM_UP_S = 0.2
+
+
 def median_seconds(call, reps):
-    """Median wall time of `reps` calls of `call`, after one untimed warm-up call."""
+    """Median wall time of `reps` calls of `call`, after WARM_UP_S of untimed calls (at least one)."""
+    start = time.perf_counter()
     call()
+    while time.perf_counter() - start < WARM_UP_S:
+        call()
     times = []
     for _ in range(max(reps, 1)):
         t0 = time.perf_counter_ns()

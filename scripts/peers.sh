@@ -78,7 +78,7 @@ if [ "$mode" != quick ]; then
   done
 fi
 
-# Timed calls per run (after one warm-up call): more for cheap shapes, to steady their medians.
+# Timed calls per run (after 0.2 s of warm-up calls): more for cheap shapes, to steady their medians.
 reps_for() { # nq nkv
   if [ "$mode" = quick ]; then echo 3
   elif [ "$1" -eq 1 ] || [ $(($1 * $2)) -le $((512 * 512)) ]; then echo 20
