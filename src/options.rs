@@ -113,6 +113,7 @@ pub struct Options<'a> {
     pub(crate) softcap: Option<f32>,
     pub(crate) sinks: Option<&'a [f32]>,
     pub(crate) kv_scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
+    pub(crate) bf16_products: bool,
     pub(crate) tile_counter: Option<&'a std::sync::atomic::AtomicU64>,
 }
 
@@ -224,6 +225,25 @@ impl<'a> Options<'a> {
     /// [`Operand::ValueScales`](crate::Operand::ValueScales) name the failing one.
     pub fn kv_scales(mut self, k_scales: Tensor<'a, f32>, v_scales: Tensor<'a, f32>) -> Self {
         self.kv_scales = Some((k_scales, v_scales));
+        self
+    }
+
+    /// Allow the two products of prefill (`Q·Kᵀ` and `P·V`) to run on bf16 operands with f32
+    /// accumulation where the CPU has bf16 dot products (AVX512_BF16; see
+    /// [`bf16_products_available`](crate::bf16_products_available)), at about twice the f32
+    /// rate — as FlashAttention does on GPUs, and as PyTorch's
+    /// `allow_bf16_reduced_precision_reduction` permits. Q, K and V are rounded to bf16 (exact
+    /// when they are bf16 already) and so are the softmax weights `P` before the second
+    /// product; scores, softmax and the output accumulator stay f32, the row sums are taken
+    /// from the unrounded weights. The error bound
+    /// ([`reference::error_bounds`](crate::reference::error_bounds) with the same options)
+    /// grows by the roundings — about 2⁻⁸ of the largest value for the output — and bf16
+    /// subnormals (below 2⁻¹²⁶) count as zero. Results stay identical for any thread count
+    /// on one machine, but differ between a CPU with the instruction and one without (there,
+    /// and on the AVX2 and portable backends, the option changes nothing), and decode (few
+    /// query rows per kv head, a memory-bound path) always runs in f32.
+    pub fn bf16_products(mut self) -> Self {
+        self.bf16_products = true;
         self
     }
 

@@ -289,6 +289,8 @@ pub(crate) struct Problem<'a> {
     pub sinks: Option<&'a [f32]>,
     /// The scales of `i8` K/V.
     pub kv_scales: Option<KvScales<'a>>,
+    /// [`Options::bf16_products`]: the prefill products may round their operands to bf16.
+    pub bf16_products: bool,
 }
 
 impl<'a> Problem<'a> {
@@ -678,6 +680,7 @@ impl<'a> Problem<'a> {
             softcap: opts.softcap,
             sinks: opts.sinks,
             kv_scales: None,
+            bf16_products: opts.bf16_products,
         })
     }
 }

@@ -223,6 +223,10 @@ impl ErrorBound {
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 /// Largest absolute error of an f32 rounding into the subnormal range, `2⁻¹⁵⁰`.
 const ETA: f64 = 1.0 / (1u128 << 100) as f64 / (1u64 << 50) as f64;
+/// Unit roundoff of bf16, `2⁻⁸` ([`Options::bf16_products`]).
+const U_BF16: f64 = 1.0 / 256.0;
+/// The smallest normal f32 and bf16, `2⁻¹²⁶`: bf16 dot products flush anything below it to 0.
+const NU: f64 = f32::MIN_POSITIVE as f64;
 /// Relative error of the fused kernel's polynomial `2^x` (measured 8.4e-8; see `simd::exp2`).
 const EXP2_REL: f64 = 2e-7;
 
@@ -264,6 +268,17 @@ fn gamma(n: usize) -> f64 {
 ///    one more rounding in every score product (`γ_{d_k+3}` in step 1) and values off by
 ///    `u · max‖v‖` (one more `u` in the output bound below).
 ///
+/// 7. [`Options::bf16_products`]: the kernel may round Q, K, V and the weights `P` to bf16 (unit
+///    roundoff `u_b = 2⁻⁸`; `u_q`, `u_k` are 0 where Q or K/V already are bf16, else `u_b`)
+///    and flush bf16 subnormals (below `ν = 2⁻¹²⁶`) to zero; products of bf16 values are
+///    exact in f32 unless they underflow (flushed too, as are partial sums below `ν`). So a
+///    score gains `|scale| · ((u_q + u_k + u_q·u_k)(1 + γ_{d_k+2}) Σ_p |q_ip k_jp| +
+///    ν·(2 Σ_p (|q_ip| + |k_jp|) + 3 d_k))` in step 1; rounding the weights multiplies each by
+///    a factor within `1 ± u_b` in the numerator only, so step 3 runs with
+///    `θ_b = (1 + θ)(1 + u_b) − 1`; rounded values add `u_v · max‖v‖ · (1 + θ_b)/(1 − θ_b)`,
+///    and flushed weights, values and products `ν · (n(2‖v‖ + 4) + 2)` (the sums stay
+///    divided by `l ≥ 1`); the convex-combination cap grows by `2(u_b + u_v) · max‖v‖`.
+///
 /// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u) + (3n + 66)·η` (the `min`'s second
 /// term: both results are convex combinations of the values, whatever the weights; it takes
 /// over when `θ ≥ 1`) and `lse ≤ Δ + θ + γ_n + u·|lse|`.
@@ -288,6 +303,10 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
     // i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32 once — one more
     // rounding in every score product, and values off by a relative u.
     let dequantized = usize::from(KV::QUANTIZED);
+    // bf16 products (step 7): the unit roundoffs of rounding Q, K/V and P to bf16.
+    let bf16 = |exact: bool| if !p.bf16_products || exact { 0.0 } else { U_BF16 };
+    let (u_q, u_kv) = (bf16(Q::UNIT_ROUNDOFF >= U_BF16), bf16(KV::NAME == "bf16"));
+    let u_p = bf16(false);
     let rows = batch
         .checked_mul(heads)
         .and_then(|x| x.checked_mul(n_q))
@@ -315,14 +334,20 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     if p.mask.as_ref().is_some_and(|m| !m.at([b, i, h, j])) {
                         continue;
                     }
-                    let (mut dot, mut abs) = (0.0, 0.0);
+                    let (mut dot, mut abs, mut norms) = (0.0, 0.0, 0.0);
                     for c in 0..p.d_k {
-                        let x = at(q, [b, i, h, c]) * kv_at(k, k_scales, [b, j, hk, c]);
+                        let (qc, kc) = (at(q, [b, i, h, c]), kv_at(k, k_scales, [b, j, hk, c]));
+                        let x = qc * kc;
                         dot += x;
                         abs += x.abs();
+                        norms += qc.abs() + kc.abs();
                     }
                     let mut s = f64::from(p.scale) * dot;
                     let mut e = gamma(p.d_k + 2 + dequantized) * scale * abs;
+                    if p.bf16_products {
+                        let rel = (u_q + u_kv + u_q * u_kv) * (1.0 + gamma(p.d_k + 2));
+                        e += scale * (rel * abs + NU * (2.0 * norms + 3.0 * p.d_k as f64));
+                    }
                     if let Some(cap) = p.softcap {
                         // tanh is 1-Lipschitz, so e does not grow; evaluating it through the
                         // polynomial 2^x and a division adds ~EXP2_REL + 4u relative to cap.
@@ -365,6 +390,8 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     delta = delta.max(3.0 * U * (sink.abs() + s_max.abs()));
                 }
                 let theta = delta.exp_m1() + EXP2_REL;
+                // The weights' own rounding to bf16 (step 7), in the numerator only.
+                let theta_b = (1.0 + theta) * (1.0 + u_p) - 1.0;
                 let terms = n + usize::from(sink > f64::NEG_INFINITY);
                 let lse_mag = s_max.abs() + (terms.max(1) as f64).ln();
                 bounds.push(if terms == 0 {
@@ -377,17 +404,21 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     // Both results are convex combinations of the visible values (rounded), so
                     // they are never further apart than 2·max‖v‖ (plus rounding): the cap when
                     // θ is too large for the first-order formula (θ ≥ 1 makes it negative).
-                    let cap = v_max * (2.0 + 4.0 * U);
-                    let first_order = if theta < 1.0 {
+                    let cap = v_max * (2.0 + 4.0 * U + 2.0 * (u_p + u_kv));
+                    let first_order = if theta_b < 1.0 {
                         v_max
-                            * (2.0 * theta / (1.0 - theta)
+                            * (2.0 * theta_b / (1.0 - theta_b)
+                                + u_kv * (1.0 + theta_b) / (1.0 - theta_b)
                                 + 2.0 * gamma(terms)
                                 + (2 + dequantized) as f64 * U)
                     } else {
                         f64::INFINITY
                     };
-                    // Subnormal roundings (step 5), absolute.
-                    let underflow = (3 * terms + 66) as f64 * ETA;
+                    // Subnormal roundings (step 5) and bf16 flushes (step 7), absolute.
+                    let mut underflow = (3 * terms + 66) as f64 * ETA;
+                    if p.bf16_products {
+                        underflow += NU * (terms as f64 * (2.0 * v_max + 4.0) + 2.0);
+                    }
                     ErrorBound {
                         out: first_order.min(cap) + underflow,
                         lse: delta + theta + gamma(terms) + U * lse_mag,

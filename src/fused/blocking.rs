@@ -37,7 +37,8 @@
 
 use crate::error::Error;
 use crate::problem::Problem;
-use crate::simd::Geometry;
+use crate::simd::dpbf16::{self, Bf16Dot};
+use crate::simd::{bf16_dot, Geometry};
 
 /// Stacked query rows per work item the model aims for: whole output tiles (6 or 12 rows) and
 /// score panels (16 or 32 rows) on every backend.
@@ -82,6 +83,10 @@ pub(crate) struct Blocking {
     pub d_v_pad: usize,
     /// The register geometry of the backend that runs the call.
     pub geometry: Geometry,
+    /// The bf16 dot-product kernels, when the call's products run on bf16 operands
+    /// ([`Options::bf16_products`](crate::Options::bf16_products), prefill items, a CPU and
+    /// backend that have them); `None`: f32 products.
+    pub pairs: Option<Bf16Dot>,
 }
 
 impl Blocking {
@@ -129,6 +134,14 @@ impl Blocking {
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK)
         };
         debug_assert_eq!(kv_block % geometry.tile, 0);
+        let pairs = if problem.bf16_products
+            && !by_channels(head_rows, geometry)
+            && (geometry.lanes, geometry.tile) == (16, dpbf16::TILE)
+        {
+            bf16_dot()
+        } else {
+            None
+        };
         Ok(Blocking {
             q_rows,
             group,
@@ -137,6 +150,7 @@ impl Blocking {
             d_k: problem.d_k,
             d_v_pad,
             geometry,
+            pairs,
         })
     }
 

@@ -23,10 +23,11 @@
 
 use super::blocking::Blocking;
 use super::kv::{convert, KeyRange, KvSource, Rows};
-use super::scratch::{Scratch, TileBuffers};
+use super::scratch::{PairBuffers, Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
+use crate::simd::dpbf16::{Bf16Dot, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
 use crate::simd::{exp2, Kernel, Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 use half::{bf16, f16};
@@ -130,6 +131,9 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         by_channels: bl.by_channels(),
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
+    if let Some(bf) = bl.pairs {
+        pair_queries(bf, &t, &sc.tile.qt, &mut sc.pairs.qt);
+    }
     let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
         return;
     };
@@ -180,7 +184,11 @@ fn block_loop<S: Simd, KV: KvSource>(
 ) {
     let bl = &cx.blocking;
     let Scratch {
-        tile, kv, tiles, ..
+        tile,
+        kv,
+        pairs,
+        tiles,
+        ..
     } = sc;
     let head_rows = item.q_len * bl.group;
     let mut j0 = first;
@@ -221,7 +229,7 @@ fn block_loop<S: Simd, KV: KvSource>(
         } else {
             debug_assert_eq!(item.heads, 1);
             let keys = cx.kv.keys(s, at(0), &mut kv.k);
-            *tiles += scores(s, cx, item, &t, &block, keys, tile);
+            *tiles += scores(s, cx, item, &t, &block, keys, tile, pairs);
         }
         bias_and_masks(cx, item, &t, &block, tile);
         // The score tiles found each row's maximum; it still holds if nothing changed the
@@ -265,7 +273,10 @@ fn block_loop<S: Simd, KV: KvSource>(
                 }
             }
             let values = load_values(s, &cx.kv, at(g), &t, isolate, &mut kv.v, &mut kv.non_finite);
-            output_product(s, &t, &block, values, rows.clone(), tile, next_v);
+            match bl.pairs {
+                Some(bf) => pair_output_product(bf, &t, &block, values, rows.clone(), tile, pairs),
+                None => output_product(s, &t, &block, values, rows.clone(), tile, next_v),
+            }
             let (non_finite, v_row) = (&kv.non_finite, &mut kv.v_row);
             add_non_finite_values(s, cx, item, &t, at(g), rows, non_finite, v_row, tile);
         }
@@ -446,6 +457,20 @@ fn transpose_rows<S: Simd, E: Lanes>(
     }
 }
 
+/// The f32 Qᵀ panels by channel pairs, rounded to bf16 for [`Bf16Dot::scores_panel`]: step `p`
+/// of a pair panel holds, for each row, channels `2p` and `2p + 1` (zero past an odd `d_k`).
+fn pair_queries(bf: Bf16Dot, t: &Tiles, qt: &[f32], pairs: &mut [f32]) {
+    let (nr, d, d2) = (PAIR_PANEL, t.d_k, t.d_k.div_ceil(2));
+    for panel in 0..t.rows.div_ceil(nr) {
+        let src = &qt[panel * nr * d..][..nr * d];
+        let dst = &mut pairs[panel * nr * d2..][..nr * d2];
+        for (p, step) in dst.chunks_exact_mut(nr).enumerate() {
+            let odd = (2 * p + 1 < d).then(|| &src[(2 * p + 1) * nr..][..nr]);
+            bf.interleave(&src[2 * p * nr..][..nr], odd, step);
+        }
+    }
+}
+
 /// Each row's visible keys (causal, window, key length) inside the item's key range, the ALiBi
 /// slopes, and the initial softmax state. Returns the union of the ranges, or `None` when no
 /// row sees any key (the item's rows then stay at `l = 0`).
@@ -571,6 +596,7 @@ fn scores<S: Simd>(
     block: &Block,
     keys: Rows<'_>,
     tile: &mut TileBuffers,
+    pairs: &mut PairBuffers,
 ) -> u64 {
     let nr = 2 * S::LANES;
     let ld_s = t.ld_s;
@@ -578,6 +604,13 @@ fn scores<S: Simd>(
     alibi_distances(cx, item, t, block, tile);
     let factors = [p.scale, LOG2_E];
     let mut count = 0;
+    let d2 = t.d_k.div_ceil(2);
+    if let Some(bf) = cx.blocking.pairs {
+        // The block's K rows rounded to bf16: rows of channel pairs.
+        for j in 0..block.len() {
+            bf.pair_row(keys.row(j, t.d_k), &mut pairs.k[j * d2..][..d2]);
+        }
+    }
     for r0 in (0..ld_s).step_by(nr) {
         let Some((plo, phi)) = panel_keys::<S>(t, block, r0, tile) else {
             continue;
@@ -586,7 +619,21 @@ fn scores<S: Simd>(
         let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
         let max = &mut tile.block_max[r0..r1];
         max.fill(f32::NEG_INFINITY);
-        count += s.run(PanelScores {
+        if let Some(bf) = cx.blocking.pairs {
+            count += bf.scores_panel(
+                &pairs.k,
+                d2,
+                (plo, phi),
+                &pairs.qt[(r0 / nr) * nr * d2..][..nr * d2],
+                d2,
+                &mut tile.st[r0..],
+                ld_s,
+                (r1 - r0) / S::LANES,
+                factors,
+                max,
+            );
+        } else {
+            count += s.run(PanelScores {
             keys,
             range: (plo, phi),
             qt,
@@ -594,9 +641,10 @@ fn scores<S: Simd>(
             st: &mut tile.st[r0..],
             ld_s,
             width: r1 - r0,
-            factors,
-            max,
-        });
+                factors,
+                max,
+            });
+        }
         if p.softcap.is_some() || p.alibi.is_some() {
             modify_scores(s, cx, t, r0, (plo, phi), false, tile);
         }
@@ -856,6 +904,57 @@ fn output_product<S: Simd, E: Lanes>(
                 alpha = &ONES[..r1 - r0];
                 j += c;
             }
+        }
+    }
+}
+
+/// [`output_product`] with bf16 dot products: Pᵀ and the V block are first rounded to bf16 by
+/// key pairs (`⌈c / 2⌉` pairs, a zero key after an odd count), then each row group takes the
+/// pairs that hold its visible keys. A pair's other key is then one no row of the group sees:
+/// its weight is 0, and its value finite (a block whose keys some row does not see has its
+/// non-finite value rows set aside by [`load_values`]), so it adds exactly nothing.
+fn pair_output_product(
+    bf: Bf16Dot,
+    t: &Tiles,
+    block: &Block,
+    values: Rows<'_>,
+    rows: Range<usize>,
+    tile: &mut TileBuffers,
+    pairs: &mut PairBuffers,
+) {
+    let (c, ld_s, d_vp) = (block.len(), t.ld_s, t.d_vp);
+    let (nr, mr) = (PAIR_PANEL, PAIR_TILE);
+    for jp in 0..c.div_ceil(2) {
+        let (a, b) = (2 * jp, 2 * jp + 1);
+        let st = &tile.st;
+        let second = (b < c).then(|| &st[b * ld_s..][..ld_s]);
+        bf.interleave(&st[a * ld_s..][..ld_s], second, &mut pairs.p[jp * ld_s..][..ld_s]);
+        let second = (b < c).then(|| values.row(b, d_vp));
+        bf.interleave(values.row(a, d_vp), second, &mut pairs.v[jp * d_vp..][..d_vp]);
+    }
+    for col in (0..d_vp).step_by(nr) {
+        let vecs = (d_vp - col).min(nr) / 16;
+        for r0 in rows.clone().step_by(mr) {
+            let r1 = (r0 + mr).min(rows.end);
+            let range = if block.seen_by_all {
+                Some((0, c))
+            } else {
+                union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
+            };
+            let Some((glo, ghi)) = range else {
+                continue;
+            };
+            bf.output_tile(
+                &pairs.p[r0..],
+                ld_s,
+                (glo / 2, ghi.div_ceil(2)),
+                &pairs.v[col..],
+                d_vp,
+                (r1 - r0, vecs),
+                &tile.alpha[r0..r1],
+                &mut tile.o[r0 * d_vp + col..],
+                d_vp,
+            );
         }
     }
 }

@@ -51,12 +51,26 @@ pub(crate) struct KvBuffers {
     pub non_finite: Vec<usize>,
 }
 
+/// The operands of the bf16 dot products ([`Blocking::pairs`]; empty otherwise), each a pair
+/// of bf16 values per 32-bit word, stored in f32 slots (see [`crate::simd::dpbf16`]).
+pub(crate) struct PairBuffers {
+    /// Qᵀ panels by channel pairs: panel `t` holds `⌈d_k / 2⌉` steps of `2L` rows.
+    pub qt: Aligned,
+    /// The K block rounded to bf16, `kv_block` rows of `⌈d_k / 2⌉` words.
+    pub k: Aligned,
+    /// The V block by key pairs, `⌈kv_block / 2⌉ × d_v_pad` words.
+    pub v: Aligned,
+    /// Pᵀ by key pairs, `⌈kv_block / 2⌉ × rows` words.
+    pub p: Aligned,
+}
+
 /// Everything one worker needs to run work items.
 pub(crate) struct Scratch {
     /// The sizes it was allocated for: it serves any call with the same ones.
     fits: (Blocking, bool),
     pub tile: TileBuffers,
     pub kv: KvBuffers,
+    pub pairs: PairBuffers,
     /// Score tiles computed (for the test hook `Options::count_score_tiles`).
     pub tiles: u64,
 }
@@ -138,8 +152,10 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 15] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 19] {
         let rows = b.max_panel_rows();
+        let (d2, kv_pairs) = (b.d_k.div_ceil(2), b.kv_block.div_ceil(2));
+        let pair = |len: Option<usize>| if b.pairs.is_some() { len } else { Some(0) };
         let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
         let words = |len: Option<usize>| Buffer {
             len,
@@ -165,6 +181,10 @@ impl Scratch {
             f32s(b.kv_block.checked_mul(b.d_v_pad)), // v
             f32s(Some(b.d_v_pad)),              // v_row
             words(Some(b.kv_block)),            // non_finite (its capacity)
+            f32s(pair(rows.checked_mul(d2))),   // pairs.qt
+            f32s(pair(b.kv_block.checked_mul(d2))), // pairs.k
+            f32s(pair(kv_pairs.checked_mul(b.d_v_pad))), // pairs.v
+            f32s(pair(kv_pairs.checked_mul(rows))), // pairs.p
         ]
     }
 
@@ -193,7 +213,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite, pair_qt, pair_k, pair_v, pair_p] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -218,6 +238,12 @@ impl Scratch {
                 v: aligned(&v)?,
                 v_row: aligned(&v_row)?,
                 non_finite,
+            },
+            pairs: PairBuffers {
+                qt: aligned(&pair_qt)?,
+                k: aligned(&pair_k)?,
+                v: aligned(&pair_v)?,
+                p: aligned(&pair_p)?,
             },
             tiles: 0,
         })

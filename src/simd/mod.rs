@@ -17,6 +17,7 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+pub(crate) mod dpbf16;
 mod portable;
 
 #[cfg(target_arch = "x86_64")]
@@ -344,6 +345,29 @@ pub fn backend() -> Backend {
         }
         Backend::Portable
     })
+}
+
+/// The bf16 dot-product kernels, where [`Options::bf16_products`](crate::Options::bf16_products)
+/// can use them: the CPU has AVX512_BF16 and the process runs the AVX-512 backend (whose tile
+/// geometry they share). Decided once and cached, like the backend.
+pub(crate) fn bf16_dot() -> Option<dpbf16::Bf16Dot> {
+    static CHOICE: OnceLock<Option<dpbf16::Bf16Dot>> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let geometry = geometry();
+        let fits = geometry.lanes == 16 && geometry.tile == dpbf16::TILE;
+        if fits && backend() == Backend::Avx512 {
+            dpbf16::Bf16Dot::detect()
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether [`Options::bf16_products`](crate::Options::bf16_products) takes effect in this
+/// process: the CPU has bf16 dot products (AVX512_BF16, with AVX-512F/BW/VL) and the AVX-512
+/// backend runs (not forced to another with `SDPA_BACKEND`).
+pub fn bf16_products_available() -> bool {
+    bf16_dot().is_some()
 }
 
 /// The register geometry of [`backend`].

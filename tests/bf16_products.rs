@@ -1,0 +1,268 @@
+//! `Options::bf16_products`: prefill's two products on bf16 operands (AVX512_BF16, where the
+//! CPU has it), against the f64 reference within `error_bounds` *with the same options* (which
+//! adds the bf16 roundings), over element types, options (masks, bias, windows, ALiBi,
+//! softcap, sinks, kv_lens), odd head sizes and key counts, GQA and both layouts; the path
+//! must actually run where it is available (it changes f32 results), stay identical for any
+//! thread count, count the same score tiles, and keep NaN/±∞ semantics.
+
+use sdpa::half::{bf16, f16};
+use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+mod support;
+use support::contract::RowFacts;
+use support::harness::{assert_tensors_against_reference, Layout};
+use support::values::SplitMix;
+
+fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    SplitMix::unit_values(len, seed)
+        .into_iter()
+        .map(|x| x * scale)
+        .collect()
+}
+
+fn to<T: Element>(xs: &[f32]) -> Vec<T> {
+    xs.iter().map(|&x| T::from_f32(x)).collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    n_q: usize,
+    n_kv: usize,
+    d_k: usize,
+    d_v: usize,
+    bhsd: bool,
+}
+
+fn view<T>(data: &[T], bhsd: bool, [b, n, h, d]: [usize; 4]) -> Tensor<'_, T> {
+    if bhsd {
+        Tensor::bhsd(data, [b, h, n, d]).unwrap()
+    } else {
+        Tensor::bshd(data, [b, n, h, d]).unwrap()
+    }
+}
+
+/// The fused kernel with `opts` against the reference within `error_bounds(.., opts)`: the
+/// worst error / bound.
+fn check<Q: Element, KV: Element, O: Element>(s: Shape, opts: &Options<'_>, seed: u64) -> f64 {
+    let q = to::<Q>(&values(s.b * s.n_q * s.h * s.d_k, seed, 1.0));
+    let k = to::<KV>(&values(s.b * s.n_kv * s.h_kv * s.d_k, seed + 1, 1.0));
+    let v = to::<KV>(&values(s.b * s.n_kv * s.h_kv * s.d_v, seed + 2, 1.0));
+    let qv = view(&q, s.bhsd, [s.b, s.n_q, s.h, s.d_k]);
+    let kv = view(&k, s.bhsd, [s.b, s.n_kv, s.h_kv, s.d_k]);
+    let vv = view(&v, s.bhsd, [s.b, s.n_kv, s.h_kv, s.d_v]);
+    let label = format!("bf16 products {}/{}/{} {s:?} seed {seed}", Q::NAME, KV::NAME, O::NAME);
+    let finite = |_| RowFacts::FINITE;
+    assert_tensors_against_reference::<Q, KV, O>(&qv, &kv, &vv, Layout::BSHD, opts, finite, &label)
+        .worst_ratio
+}
+
+const SHAPES: [Shape; 3] = [
+    // GQA 2, head sizes odd and not multiples of the lanes, a key count that leaves an odd
+    // tail in the last block
+    Shape {
+        b: 2,
+        h: 4,
+        h_kv: 2,
+        n_q: 70,
+        n_kv: 333,
+        d_k: 37,
+        d_v: 24,
+        bhsd: false,
+    },
+    // PyTorch layout, MQA, d = 64, more than one key block
+    Shape {
+        b: 1,
+        h: 3,
+        h_kv: 1,
+        n_q: 65,
+        n_kv: 450,
+        d_k: 64,
+        d_v: 64,
+        bhsd: true,
+    },
+    // d = 128, two query panels and a partial row group
+    Shape {
+        b: 1,
+        h: 2,
+        h_kv: 2,
+        n_q: 100,
+        n_kv: 301,
+        d_k: 128,
+        d_v: 128,
+        bhsd: false,
+    },
+];
+
+fn grid<Q: Element, KV: Element, O: Element>() -> f64 {
+    let br = Alignment::BottomRight;
+    let mut worst = 0.0f64;
+    for (n, s) in SHAPES.into_iter().enumerate() {
+        let lens: Vec<usize> = (0..s.b).map(|bb| s.n_kv - 17 * bb).collect();
+        let slopes = sdpa::alibi_slopes(s.h).unwrap();
+        let sinks: Vec<f32> = (0..s.h).map(|hh| hh as f32 * 0.5 - 1.0).collect();
+        // A bias and a mask over [b, n_q, h, n_kv], every third key hidden from odd rows.
+        let bias = values(s.b * s.n_q * s.h * s.n_kv, 77, 2.0);
+        let mask: Vec<bool> = (0..s.b * s.n_q * s.h * s.n_kv)
+            .map(|x| (x % s.n_kv) % 3 != 0 || (x / (s.h * s.n_kv)) % 2 == 0)
+            .collect();
+        let dims = [s.b, s.n_q, s.h, s.n_kv];
+        let sets = [
+            Options::new(),
+            Options::new().causal(br),
+            Options::new().causal(Alignment::TopLeft).softcap(5.0),
+            Options::new().sliding_window(40, 3, br).alibi(&slopes, br),
+            Options::new().kv_lens(&lens).causal(br).sinks(&sinks),
+            Options::new()
+                .bias(Tensor::bshd(&bias, dims).unwrap())
+                .mask(Tensor::bshd(&mask, dims).unwrap()),
+        ];
+        for (o, opts) in sets.into_iter().enumerate() {
+            let opts = opts.bf16_products();
+            worst = worst.max(check::<Q, KV, O>(s, &opts, (n * 10 + o) as u64));
+        }
+    }
+    worst
+}
+
+#[test]
+fn every_type_and_option_within_the_bound() {
+    for w in [
+        grid::<bf16, bf16, bf16>(),
+        grid::<bf16, bf16, f32>(),
+        grid::<f32, f32, f32>(),
+        grid::<f32, bf16, f32>(),
+        grid::<f16, f16, f16>(),
+    ] {
+        assert!(w < 1.0, "{w}");
+    }
+}
+
+#[test]
+fn int8_caches_within_the_bound() {
+    let (b, n_q, h, n_kv, d) = (1, 40, 2, 200, 32);
+    let q = values(b * n_q * h * d, 1, 1.0);
+    let k: Vec<i8> = (0..b * n_kv * h * d).map(|x| (x * 37 % 255) as i8).collect();
+    let v: Vec<i8> = (0..b * n_kv * h * d).map(|x| (x * 91 % 253) as i8).collect();
+    let ks = values(b * n_kv * h, 2, 0.02);
+    let vs = [0.01f32];
+    let (qv, kv, vv) = (
+        Tensor::bshd(&q, [b, n_q, h, d]).unwrap(),
+        Tensor::bshd(&k, [b, n_kv, h, d]).unwrap(),
+        Tensor::bshd(&v, [b, n_kv, h, d]).unwrap(),
+    );
+    let opts = Options::new()
+        .kv_scales(
+            Tensor::bshd(&ks, [b, n_kv, h, 1]).unwrap(),
+            Tensor::bshd(&vs, [1, 1, 1, 1]).unwrap(),
+        )
+        .causal(Alignment::BottomRight)
+        .bf16_products();
+    let c = assert_tensors_against_reference::<f32, i8, f32>(
+        &qv,
+        &kv,
+        &vv,
+        Layout::BSHD,
+        &opts,
+        |_| RowFacts::FINITE,
+        "i8 bf16 products",
+    );
+    assert!(c.worst_ratio < 1.0, "{}", c.worst_ratio);
+}
+
+/// One call's output (and the score tiles it counted) in a pool of `threads`.
+fn run(threads: usize, q: &[f32], k: &[f32], v: &[f32], s: Shape, bf16: bool) -> (Vec<f32>, u64) {
+    let counter = AtomicU64::new(0);
+    let mut opts = Options::new()
+        .causal(Alignment::BottomRight)
+        .count_score_tiles(&counter);
+    if bf16 {
+        opts = opts.bf16_products();
+    }
+    let mut out = vec![0.0f32; s.b * s.n_q * s.h * s.d_v];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let mut o = TensorMut::bshd(&mut out, [s.b, s.n_q, s.h, s.d_v]).unwrap();
+        sdpa::attention(
+            &view(q, false, [s.b, s.n_q, s.h, s.d_k]),
+            &view(k, false, [s.b, s.n_kv, s.h_kv, s.d_k]),
+            &view(v, false, [s.b, s.n_kv, s.h_kv, s.d_v]),
+            &mut o,
+            &opts,
+        )
+        .unwrap()
+    });
+    (out, counter.load(Ordering::Relaxed))
+}
+
+#[test]
+fn the_path_runs_where_available_and_is_deterministic() {
+    let s = SHAPES[2];
+    let q = values(s.b * s.n_q * s.h * s.d_k, 11, 1.0);
+    let k = values(s.b * s.n_kv * s.h_kv * s.d_k, 12, 1.0);
+    let v = values(s.b * s.n_kv * s.h_kv * s.d_v, 13, 1.0);
+    let (f32_out, f32_tiles) = run(1, &q, &k, &v, s, false);
+    let (one, tiles) = run(1, &q, &k, &v, s, true);
+    let (two, _) = run(2, &q, &k, &v, s, true);
+    let (three, _) = run(3, &q, &k, &v, s, true);
+    assert_eq!(tiles, f32_tiles, "the same score tiles, masked ones skipped alike");
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&one), bits(&two), "1 vs 2 threads");
+    assert_eq!(bits(&one), bits(&three), "1 vs 3 threads");
+    // f32 inputs with full mantissas: bf16 operands change the results (by far less than the
+    // bound, checked above), unless the CPU has no bf16 dot products.
+    let differ = one.iter().zip(&f32_out).filter(|(a, b)| a != b).count();
+    if sdpa::bf16_products_available() {
+        assert!(differ > one.len() / 2, "only {differ} of {} differ", one.len());
+    } else {
+        assert_eq!(differ, 0, "the option must change nothing without the instruction");
+    }
+}
+
+#[test]
+fn non_finite_values_reach_the_rows_that_see_them() {
+    // Causal (top-left): key 5's value holds +∞ and key 9's a NaN; rows before them see
+    // neither, rows from 5 on see the ∞, from 9 on the NaN too — as with f32 products.
+    let (n, d) = (40, 20);
+    let q = values(n * d, 21, 1.0);
+    let k = values(n * d, 22, 1.0);
+    let mut v = values(n * d, 23, 1.0);
+    v[5 * d + 3] = f32::INFINITY;
+    v[9 * d + 7] = f32::NAN;
+    let shape = [1, n, 1, d];
+    let call = |opts: Options<'_>| {
+        let mut out = vec![0.0f32; n * d];
+        let mut o = TensorMut::bshd(&mut out, shape).unwrap();
+        let (qv, kv, vv) = (
+            Tensor::bshd(&q, shape).unwrap(),
+            Tensor::bshd(&k, shape).unwrap(),
+            Tensor::bshd(&v, shape).unwrap(),
+        );
+        sdpa::attention(&qv, &kv, &vv, &mut o, &opts).unwrap();
+        out
+    };
+    let plain = call(Options::new().causal(Alignment::TopLeft));
+    let paired = call(Options::new().causal(Alignment::TopLeft).bf16_products());
+    for i in 0..n {
+        for c in 0..d {
+            let (a, b) = (plain[i * d + c], paired[i * d + c]);
+            let what = format!("row {i} channel {c}: {a} vs {b}");
+            assert_eq!(a.is_nan(), b.is_nan(), "{what}");
+            assert_eq!(a.is_infinite(), b.is_infinite(), "{what}");
+            if a.is_finite() {
+                assert!((a - b).abs() < 0.05, "{what}");
+            } else if a.is_infinite() {
+                assert_eq!(a, b, "{what}");
+            }
+            if i < 5 {
+                assert!(b.is_finite(), "{what}");
+            }
+        }
+    }
+}
