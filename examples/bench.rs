@@ -5,12 +5,16 @@
 //! ```text
 //! cargo run --release --example bench -- --b 1 --h 8 --nq 2048 --nkv 2048 --d 64 --threads 1
 //! ```
-//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps --peak --kv` (`--hkv` defaults
+//! Flags: `--b --h --hkv --nq --nkv --d --causal --threads --reps --peak --kv --q
+//! --bf16-products` (`--hkv` defaults
 //! to `--h`, `--threads` to all cores, `--reps` to 5). Q, K, V are BHSD (PyTorch's layout) with
 //! values uniform in [-1, 1). Prints the median of `reps` timed calls after [`WARM_UP_S`] of
 //! untimed calls (at least one).
 //! `--kv f16` or `--kv bf16` stores K and V in that type (the same values, rounded; Q and the
-//! output stay f32, as llama.cpp runs an f16 cache), and the line then carries `kv_dtype`.
+//! output stay f32, as llama.cpp runs an f16 cache), and the line then carries `kv_dtype`;
+//! `--q bf16` stores Q and the output in bf16 too (`q_dtype`). `--bf16-products` sets
+//! `Options::bf16_products` (the line carries `"bf16_products": true`): with `--q bf16 --kv bf16`
+//! on a CPU with AVX512_BF16, prefill's products then run as bf16 dot products.
 //!
 //! `--peak` (x86-64) also measures the machine's f32 FMA peak for the vector width of the
 //! backend sdpa runs (512-bit FMAs for AVX-512, 256-bit for AVX2): a loop of independent FMAs
@@ -23,7 +27,7 @@
 //! measured once, for comparison with the f32 FMA peak.
 
 use sdpa::half::{bf16, f16};
-use sdpa::{Alignment, KvElement, Options, Tensor, TensorMut};
+use sdpa::{Alignment, Element, KvElement, Options, Tensor, TensorMut};
 use std::time::Instant;
 
 struct Args {
@@ -38,6 +42,10 @@ struct Args {
     reps: usize,
     peak: bool,
     kv: KvType,
+    /// `--q bf16`: Q and the output in bf16 too.
+    q_bf16: bool,
+    /// `--bf16-products`: `Options::bf16_products`.
+    bf16_products: bool,
 }
 
 /// The element type K and V are stored in (`--kv`).
@@ -61,12 +69,23 @@ fn parse() -> Result<Args, String> {
         reps: 5,
         peak: false,
         kv: KvType::F32,
+        q_bf16: false,
+        bf16_products: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--causal" || flag == "--peak" {
+        if flag == "--causal" || flag == "--peak" || flag == "--bf16-products" {
             a.causal |= flag == "--causal";
             a.peak |= flag == "--peak";
+            a.bf16_products |= flag == "--bf16-products";
+            continue;
+        }
+        if flag == "--q" {
+            a.q_bf16 = match it.next().as_deref() {
+                Some("f32") => false,
+                Some("bf16") => true,
+                other => return Err(format!("--q {other:?}: expected f32 or bf16")),
+            };
             continue;
         }
         if flag == "--kv" {
@@ -138,6 +157,9 @@ fn main() {
     if a.causal {
         opts = opts.causal(Alignment::BottomRight);
     }
+    if a.bf16_products {
+        opts = opts.bf16_products();
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads)
         .build()
@@ -159,12 +181,16 @@ fn main() {
         rounded(&k, brain, bf16::from_f32),
         rounded(&v, brain, bf16::from_f32),
     );
-    /// One timed call with K/V of type `T`.
-    fn call<T: KvElement>(
+    let (qb16, mut outb16) = (
+        rounded(&q, a.q_bf16, bf16::from_f32),
+        rounded(&out, a.q_bf16, bf16::from_f32),
+    );
+    /// One timed call with Q and the output of type `Q`, K/V of type `T`.
+    fn call<Q: Element, T: KvElement>(
         a: &Args,
-        q: &[f32],
+        q: &[Q],
         (k, v): (&[T], &[T]),
-        out: &mut [f32],
+        out: &mut [Q],
         opts: &Options,
         pool: &rayon::ThreadPool,
     ) -> f64 {
@@ -177,11 +203,14 @@ fn main() {
             .expect("attention");
         t.elapsed().as_secs_f64()
     }
-    let run = |out: &mut [f32]| -> f64 {
-        match a.kv {
-            KvType::F16 => call(&a, &q, (&k16, &v16), out, &opts, &pool),
-            KvType::Bf16 => call(&a, &q, (&kb16, &vb16), out, &opts, &pool),
-            KvType::F32 => call(&a, &q, (&k, &v), out, &opts, &pool),
+    let mut run = |out: &mut [f32]| -> f64 {
+        match (a.kv, a.q_bf16) {
+            (KvType::Bf16, true) => call(&a, &qb16, (&kb16, &vb16), &mut outb16, &opts, &pool),
+            (KvType::F16, true) => call(&a, &qb16, (&k16, &v16), &mut outb16, &opts, &pool),
+            (KvType::F32, true) => call(&a, &qb16, (&k, &v), &mut outb16, &opts, &pool),
+            (KvType::F16, false) => call(&a, &q, (&k16, &v16), out, &opts, &pool),
+            (KvType::Bf16, false) => call(&a, &q, (&kb16, &vb16), out, &opts, &pool),
+            (KvType::F32, false) => call(&a, &q, (&k, &v), out, &opts, &pool),
         }
     };
     let warm = Instant::now();
@@ -213,6 +242,14 @@ fn main() {
         KvType::F32 => String::new(),
         KvType::F16 => ", \"kv_dtype\": \"f16\"".to_string(),
         KvType::Bf16 => ", \"kv_dtype\": \"bf16\"".to_string(),
+    } + if a.q_bf16 {
+        ", \"q_dtype\": \"bf16\""
+    } else {
+        ""
+    } + if a.bf16_products {
+        ", \"bf16_products\": true"
+    } else {
+        ""
     };
     let peak_fields = if peaks.is_empty() {
         String::new()

@@ -2,6 +2,7 @@
 """Times sdpa's CPU peers on one attention shape; prints one JSON line per kernel.
 
     peer_time.py --b 1 --h 8 --nq 2048 --nkv 2048 --d 64 [--hkv 8] [--causal] [--threads 1] [--reps 5]
+                 [--dtype f32|bf16]
 
 Kernels (--kernels, comma-separated, default all that apply):
   torch_flash  torch.nn.functional.scaled_dot_product_attention, FLASH_ATTENTION backend (CPU)
@@ -12,6 +13,10 @@ Kernels (--kernels, comma-separated, default all that apply):
   ggml_fa      ggml's ggml_flash_attn_ext (llama.cpp's CPU flash attention) with f32 K/V
                (optional: skipped if the ggml package of ggml-python is missing)
 Install the optional ones with `scripts/peers_setup.sh --extra`.
+--dtype bf16 runs PyTorch on bf16 Q, K, V (its CPU flash kernel then computes in bf16 with f32
+accumulation) and OpenVINO with INFERENCE_PRECISION_HINT=bf16 (its default on CPUs with bf16
+support), to compare with sdpa's `bench --q bf16 --kv bf16 --bf16-products`; ORT and ggml get
+no row. max_abs_diff is then against torch_math on the same bf16 inputs.
 
 The JSON lines follow docs/bench-schema.md, like `cargo run --release --example bench`:
 {"kernel", "s" (median seconds of --reps timed calls after 0.2 s of warm-up calls), "gflops"
@@ -60,6 +65,9 @@ def parse():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--kernels", default=",".join(KERNELS))
+    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                   help="bf16: PyTorch on bf16 tensors, OpenVINO with a bf16 inference"
+                        " precision; ORT and ggml are skipped")
     a = p.parse_args()
     unknown = set(a.kernels.split(",")) - set(KERNELS)
     if unknown:
@@ -109,6 +117,8 @@ def main():
     k_np = rng.standard_normal((a.b, a.hkv, a.nkv, a.d), dtype=np.float32)
     v_np = rng.standard_normal((a.b, a.hkv, a.nkv, a.d), dtype=np.float32)
     q, k, v = (torch.from_numpy(x) for x in (q_np, k_np, v_np))
+    if a.dtype == "bf16":
+        q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
     flops = 4 * a.b * a.h * a.nq * a.nkv * a.d
     wanted = a.kernels.split(",")
     results = []
@@ -137,11 +147,13 @@ def main():
                     )
 
                 seconds = median_seconds(call, a.reps)
-                out = call().numpy()
+                out = call().float().numpy()
             record(kernel, seconds, out=out)
         except Exception as e:  # a backend that refuses the shape is a result, not a crash
             record(kernel, error=f"{type(e).__name__}: {e}")
 
+    if a.dtype == "bf16":  # no bf16 form timed for these two
+        wanted = [x for x in wanted if x not in ("ort_mha", "ggml_fa")]
     if "ort_mha" in wanted:
         if a.hkv != a.h:
             pass  # MultiHeadAttention has no grouped-query form: no row
@@ -167,7 +179,7 @@ def main():
             seconds = median_seconds(call, a.reps)
             call()
             record(kernel, seconds, out=read_out())
-            results[-1]["kv_dtype"] = "f32"
+            results[-1]["kv_dtype"] = a.dtype
             if note:
                 results[-1]["note"] = note
             del keep_alive
@@ -183,6 +195,8 @@ def main():
             {"b": a.b, "h": a.h, "hkv": a.hkv, "nq": a.nq, "nkv": a.nkv, "d": a.d,
              "causal": a.causal, "threads": a.threads}
         )
+        if a.dtype != "f32":
+            row["dtype"] = a.dtype
         print(json.dumps(row))
     sys.stdout.flush()
 
@@ -257,7 +271,7 @@ def ov_sdpa(a, q, k, v):
     config = {
         "INFERENCE_NUM_THREADS": str(a.threads),
         "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": "f32",
+        "INFERENCE_PRECISION_HINT": a.dtype,
     }
     compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()

@@ -228,20 +228,18 @@ impl<'a> Options<'a> {
         self
     }
 
-    /// Allow the two products of prefill (`Q·Kᵀ` and `P·V`) to run on bf16 operands with f32
-    /// accumulation where the CPU has bf16 dot products (AVX512_BF16; see
-    /// [`bf16_products_available`](crate::bf16_products_available)), at about twice the f32
-    /// rate — as FlashAttention does on GPUs, and as PyTorch's
-    /// `allow_bf16_reduced_precision_reduction` permits. Q, K and V are rounded to bf16 (exact
-    /// when they are bf16 already) and so are the softmax weights `P` before the second
-    /// product; scores, softmax and the output accumulator stay f32, the row sums are taken
-    /// from the unrounded weights. The error bound
-    /// ([`reference::error_bounds`](crate::reference::error_bounds) with the same options)
-    /// grows by the roundings — about 2⁻⁸ of the largest value for the output — and bf16
-    /// subnormals (below 2⁻¹²⁶) count as zero. Results stay identical for any thread count
-    /// on one machine, but differ between a CPU with the instruction and one without (there,
-    /// and on the AVX2 and portable backends, the option changes nothing), and decode (few
-    /// query rows per kv head, a memory-bound path) always runs in f32.
+    /// Allow prefill's two products (`Q·Kᵀ` and `P·V`) to run as bf16 dot products with f32
+    /// accumulation when Q and K/V are bf16 and the CPU has them (AVX512_BF16 on the AVX-512
+    /// backend; see [`bf16_products_available`](crate::bf16_products_available)), at about
+    /// twice the f32 multiply-add rate — as FlashAttention does on GPUs. The softmax weights
+    /// `P` are rounded to bf16 before the second product; scores, softmax, row sums and the
+    /// output accumulator stay f32, and bf16 subnormals (below 2⁻¹²⁶) count as zero. The error
+    /// bound ([`reference::error_bounds`](crate::reference::error_bounds) with the same
+    /// options) grows by about 2⁻⁸ of the largest value. Results stay identical for any thread
+    /// count on one machine, but differ between CPUs with and without the instruction. The
+    /// option changes nothing for other element types (an f32 value beyond bf16's range would
+    /// round to ±∞), on CPUs or backends without the instruction, and in decode (few query rows
+    /// per kv head: a memory-bound path).
     pub fn bf16_products(mut self) -> Self {
         self.bf16_products = true;
         self

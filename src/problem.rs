@@ -289,8 +289,16 @@ pub(crate) struct Problem<'a> {
     pub sinks: Option<&'a [f32]>,
     /// The scales of `i8` K/V.
     pub kv_scales: Option<KvScales<'a>>,
-    /// [`Options::bf16_products`]: the prefill products may round their operands to bf16.
+    /// [`Options::bf16_products`] with bf16 Q and K/V: the prefill products may run on bf16
+    /// operands (the weights `P` rounded to bf16). Off for other types.
     pub bf16_products: bool,
+}
+
+/// Whether Q and K/V are bf16, the types [`Options::bf16_products`] applies to: their values
+/// are bf16 already, so the bf16 products round only the softmax weights (never a value out of
+/// range: an f32 beyond bf16's largest finite value would round to ±∞).
+fn bf16_inputs<Q, KV: KvElement>() -> bool {
+    std::any::type_name::<Q>() == std::any::type_name::<half::bf16>() && KV::NAME == "bf16"
 }
 
 impl<'a> Problem<'a> {
@@ -388,6 +396,7 @@ impl<'a> Problem<'a> {
         expect(Operand::Value, v.dims(), [batch, n_kv, kv_heads, d_v])?;
         let sizes = Sizes::dense(q.dims(), out_dims, kv_heads, n_kv, d_v)?;
         let mut p = Self::build_dense(sizes, lse, opts)?;
+        p.bf16_products &= bf16_inputs::<Q, KV>();
         p.kv_scales = check_scales::<KV>(opts, k.dims(), v.dims(), &all_rows)?;
         Ok(p)
     }
@@ -418,6 +427,7 @@ impl<'a> Problem<'a> {
             Operand::BlockTable,
         )?;
         let mut p = Self::build_dense(sizes, lse, opts)?;
+        p.bf16_products &= bf16_inputs::<Q, KV>();
         p.check_pages(kv)?;
         p.kv_scales = p.paged_scales(kv, opts)?;
         Ok(p)
@@ -476,6 +486,7 @@ impl<'a> Problem<'a> {
         };
         let lse_len = heads.saturating_mul(total_q);
         let mut p = Self::build(sizes, seqs, lse.map(|l| (l.len(), lse_len)), opts)?;
+        p.bf16_products &= bf16_inputs::<Q, KV>();
         p.kv_scales = match kv {
             VarlenKv::Paged(paged) => {
                 p.check_pages(paged)?;

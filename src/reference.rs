@@ -268,16 +268,15 @@ fn gamma(n: usize) -> f64 {
 ///    one more rounding in every score product (`γ_{d_k+3}` in step 1) and values off by
 ///    `u · max‖v‖` (one more `u` in the output bound below).
 ///
-/// 7. [`Options::bf16_products`]: the kernel may round Q, K, V and the weights `P` to bf16 (unit
-///    roundoff `u_b = 2⁻⁸`; `u_q`, `u_k` are 0 where Q or K/V already are bf16, else `u_b`)
-///    and flush bf16 subnormals (below `ν = 2⁻¹²⁶`) to zero; products of bf16 values are
+/// 7. [`Options::bf16_products`] (bf16 Q and K/V; the option changes nothing for other types):
+///    the kernel rounds the weights `P` to bf16 (unit roundoff `u_b = 2⁻⁸`) and its bf16 dot
+///    products flush bf16 subnormals (below `ν = 2⁻¹²⁶`) to zero; products of bf16 values are
 ///    exact in f32 unless they underflow (flushed too, as are partial sums below `ν`). So a
-///    score gains `|scale| · ((u_q + u_k + u_q·u_k)(1 + γ_{d_k+2}) Σ_p |q_ip k_jp| +
-///    ν·(2 Σ_p (|q_ip| + |k_jp|) + 3 d_k))` in step 1; rounding the weights multiplies each by
-///    a factor within `1 ± u_b` in the numerator only, so step 3 runs with
-///    `θ_b = (1 + θ)(1 + u_b) − 1`; rounded values add `u_v · max‖v‖ · (1 + θ_b)/(1 − θ_b)`,
-///    and flushed weights, values and products `ν · (n(2‖v‖ + 4) + 2)` (the sums stay
-///    divided by `l ≥ 1`); the convex-combination cap grows by `2(u_b + u_v) · max‖v‖`.
+///    score gains `|scale| · ν · (2 Σ_p (|q_ip| + |k_jp|) + 3 d_k)` in step 1; rounding the
+///    weights multiplies each by a factor within `1 ± u_b` in the numerator only, so step 3
+///    runs with `θ_b = (1 + θ)(1 + u_b) − 1`; flushed weights, values and products add
+///    `ν · (n(2‖v‖ + 4) + 2)` (the sums stay divided by `l ≥ 1`); the convex-combination cap
+///    grows by `2u_b · max‖v‖`.
 ///
 /// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u) + (3n + 66)·η` (the `min`'s second
 /// term: both results are convex combinations of the values, whatever the weights; it takes
@@ -303,10 +302,8 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
     // i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32 once — one more
     // rounding in every score product, and values off by a relative u.
     let dequantized = usize::from(KV::QUANTIZED);
-    // bf16 products (step 7): the unit roundoffs of rounding Q, K/V and P to bf16.
-    let bf16 = |exact: bool| if !p.bf16_products || exact { 0.0 } else { U_BF16 };
-    let (u_q, u_kv) = (bf16(Q::UNIT_ROUNDOFF >= U_BF16), bf16(KV::NAME == "bf16"));
-    let u_p = bf16(false);
+    // bf16 products (step 7; bf16 Q and K/V only): the weights' rounding to bf16.
+    let u_p = if p.bf16_products { U_BF16 } else { 0.0 };
     let rows = batch
         .checked_mul(heads)
         .and_then(|x| x.checked_mul(n_q))
@@ -345,8 +342,7 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     let mut s = f64::from(p.scale) * dot;
                     let mut e = gamma(p.d_k + 2 + dequantized) * scale * abs;
                     if p.bf16_products {
-                        let rel = (u_q + u_kv + u_q * u_kv) * (1.0 + gamma(p.d_k + 2));
-                        e += scale * (rel * abs + NU * (2.0 * norms + 3.0 * p.d_k as f64));
+                        e += scale * NU * (2.0 * norms + 3.0 * p.d_k as f64);
                     }
                     if let Some(cap) = p.softcap {
                         // tanh is 1-Lipschitz, so e does not grow; evaluating it through the
@@ -404,11 +400,10 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     // Both results are convex combinations of the visible values (rounded), so
                     // they are never further apart than 2·max‖v‖ (plus rounding): the cap when
                     // θ is too large for the first-order formula (θ ≥ 1 makes it negative).
-                    let cap = v_max * (2.0 + 4.0 * U + 2.0 * (u_p + u_kv));
+                    let cap = v_max * (2.0 + 4.0 * U + 2.0 * u_p);
                     let first_order = if theta_b < 1.0 {
                         v_max
                             * (2.0 * theta_b / (1.0 - theta_b)
-                                + u_kv * (1.0 + theta_b) / (1.0 - theta_b)
                                 + 2.0 * gamma(terms)
                                 + (2 + dequantized) as f64 * U)
                     } else {

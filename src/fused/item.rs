@@ -634,13 +634,13 @@ fn scores<S: Simd>(
             );
         } else {
             count += s.run(PanelScores {
-            keys,
-            range: (plo, phi),
-            qt,
-            d: t.d_k,
-            st: &mut tile.st[r0..],
-            ld_s,
-            width: r1 - r0,
+                keys,
+                range: (plo, phi),
+                qt,
+                d: t.d_k,
+                st: &mut tile.st[r0..],
+                ld_s,
+                width: r1 - r0,
                 factors,
                 max,
             });
@@ -928,9 +928,17 @@ fn pair_output_product(
         let (a, b) = (2 * jp, 2 * jp + 1);
         let st = &tile.st;
         let second = (b < c).then(|| &st[b * ld_s..][..ld_s]);
-        bf.interleave(&st[a * ld_s..][..ld_s], second, &mut pairs.p[jp * ld_s..][..ld_s]);
+        bf.interleave(
+            &st[a * ld_s..][..ld_s],
+            second,
+            &mut pairs.p[jp * ld_s..][..ld_s],
+        );
         let second = (b < c).then(|| values.row(b, d_vp));
-        bf.interleave(values.row(a, d_vp), second, &mut pairs.v[jp * d_vp..][..d_vp]);
+        bf.interleave(
+            values.row(a, d_vp),
+            second,
+            &mut pairs.v[jp * d_vp..][..d_vp],
+        );
     }
     for col in (0..d_vp).step_by(nr) {
         let vecs = (d_vp - col).min(nr) / 16;

@@ -1,6 +1,6 @@
-//! bf16 dot products (AVX512_BF16): the two tile products of the fused kernel with their
-//! operands rounded to bf16 and f32 accumulation, for
-//! [`Options::bf16_products`](crate::Options::bf16_products).
+//! bf16 dot products (AVX512_BF16): the two tile products of the fused kernel on bf16 operands
+//! with f32 accumulation, for [`Options::bf16_products`](crate::Options::bf16_products) (bf16 Q
+//! and K/V, whose values convert exactly; the softmax weights are rounded).
 //!
 //! `vdpbf16ps` multiplies two pairs of bf16 values and adds both products to one f32 lane,
 //! `acc += a.lo · b.lo + a.hi · b.hi`: twice the multiply-adds of an f32 FMA per instruction
@@ -86,7 +86,7 @@ mod imp {
         /// the pairs as 32-bit words in f32 slots; `b = None` pairs with zeros.
         pub fn interleave(self, a: &[f32], b: Option<&[f32]>, dst: &mut [f32]) {
             let n = dst.len();
-            assert!(n % 16 == 0 && a.len() >= n && b.is_none_or(|b| b.len() >= n));
+            assert!(n.is_multiple_of(16) && a.len() >= n && b.is_none_or(|b| b.len() >= n));
             // SAFETY: the token proves the features; the lengths are checked above.
             unsafe { interleave(a.as_ptr(), b.map(<[f32]>::as_ptr), dst.as_mut_ptr(), n) }
         }
@@ -164,7 +164,9 @@ mod imp {
             assert!(rows <= TILE && (1..=2).contains(&vecs) && alpha.len() >= rows);
             assert!((rows - 1) * ld_o + 16 * vecs <= o.len());
             assert!(
-                lo >= hi || ((hi - 1) * ld_p + rows <= p.len() && (hi - 1) * ld_v + 16 * vecs <= v.len())
+                lo >= hi
+                    || ((hi - 1) * ld_p + rows <= p.len()
+                        && (hi - 1) * ld_v + 16 * vecs <= v.len())
             );
             // SAFETY: the token proves the features; every offset read or written is below the
             // bounds checked above.

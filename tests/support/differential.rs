@@ -285,8 +285,10 @@ impl DiffCase {
             Layout::decode(u)?,
         ];
         let values = Values::decode(u)?;
-        let opts = OptSpec::decode(u)?;
+        let mut opts = OptSpec::decode(u)?;
         let types = Types::decode(u)?;
+        // Appended last (exhausted input: off), so older corpus files decode as before.
+        opts.bf16_products = urange(u, 0, 3)? == 3;
         Ok(DiffCase {
             shape,
             layouts,
@@ -306,6 +308,9 @@ impl DiffCase {
         self.values.encode(&mut w);
         self.opts.encode(&mut w);
         self.types.encode(&mut w);
+        if self.opts.bf16_products {
+            w.urange(3, 0, 3);
+        }
         w.bytes
     }
 }

@@ -543,6 +543,10 @@ pub struct OptSpec {
     pub sinks: Option<HeadSpec>,
     /// Values from the ends of the ranges of softcap, sinks, slopes and key lengths.
     pub wide: Option<WideSpec>,
+    /// `bf16_products`: the fused kernel may run prefill's products on bf16 operands (the bounds
+    /// then include the weights' rounding). Not part of this struct's bytes: the differential
+    /// target draws it last (`DiffCase::decode`), so older corpus files keep their meaning.
+    pub bf16_products: bool,
     // New options go here, after the existing ones (see the module docs).
 }
 
@@ -560,6 +564,7 @@ impl Default for OptSpec {
             softcap: None,
             sinks: None,
             wide: None,
+            bf16_products: false,
         }
     }
 }
@@ -745,6 +750,8 @@ impl OptSpec {
             softcap,
             sinks,
             wide,
+            // Drawn at the end of a differential case (`DiffCase::decode`), after its types.
+            bf16_products: false,
         })
     }
 
@@ -997,6 +1004,9 @@ impl OptData {
         }
         if let Some(x) = &self.sinks {
             o = o.sinks(x);
+        }
+        if s.bf16_products {
+            o = o.bf16_products();
         }
         o
     }

@@ -124,6 +124,42 @@ pub fn differential() -> Vec<(&'static str, DiffCase)> {
             plain(shape(2, 2, 4, 1, 289, 128, 128), causal(BottomRight), 6),
         ),
         ("gqa-4x2", plain(shape(2, 4, 2, 17, 31, 16, 16), none, 7)),
+        (
+            "bf16-products-causal",
+            with_types(
+                plain(
+                    shape(1, 2, 1, 97, 299, 37, 24),
+                    OptSpec {
+                        bf16_products: true,
+                        ..causal(BottomRight)
+                    },
+                    60,
+                ),
+                Types {
+                    q: Elem::Bf16,
+                    kv: Elem::Bf16,
+                    out: Elem::Bf16,
+                },
+            ),
+        ),
+        (
+            "bf16-products-plain-d128",
+            with_types(
+                plain(
+                    shape(1, 1, 2, 70, 250, 128, 128),
+                    OptSpec {
+                        bf16_products: true,
+                        ..none
+                    },
+                    61,
+                ),
+                Types {
+                    q: Elem::Bf16,
+                    kv: Elem::Bf16,
+                    out: Elem::F32,
+                },
+            ),
+        ),
         ("mqa-8", plain(shape(1, 1, 8, 20, 50, 64, 64), none, 8)),
         (
             "types-f16-i8-bf16",
