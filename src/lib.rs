@@ -58,8 +58,10 @@
 //!   (or ±∞) in `v_j` makes the output of every row that sees key `j` NaN or ±∞ (even where
 //!   its weight rounds to 0: `0 · NaN = NaN`) and leaves every other row untouched — a row
 //!   "sees" `j` when `j` passes its causal, window and key-length ranges and the boolean mask
-//!   (a `−∞` bias gives weight 0 but still counts as seen, as in the reference). So an
-//!   uninitialised KV-cache slot behind a mask or past `kv_lens` never leaks into results.
+//!   (a `−∞` bias gives weight 0 but still counts as seen, as in the reference, as long as
+//!   some key of the row has a score above `−∞`; a row whose every score is `−∞` is a row
+//!   with no visible key, sink or not). So an uninitialised KV-cache slot behind a mask or
+//!   past `kv_lens` never leaks into results.
 //! * ±∞ in Q or K follows IEEE arithmetic: an infinite score makes its row NaN (`∞ − ∞`).
 //! * Huge finite logits (±1e4 and beyond) do not overflow: the running max is subtracted
 //!   before exponentiating. The fused kernel scales the f32 dot products (by `scale`, then by

@@ -139,14 +139,21 @@ fn run<Q: Element, KV: KvElement, O: Element>(
                 let row = &mut scores[i * p.n_kv..(i + 1) * p.n_kv];
                 // 4. Row softmax, the sink logit joining the max and the denominator only.
                 //    `fold(max)` would drop NaN; keep it so it propagates.
-                let m = row.iter().copied().fold(sink, |m, s| {
+                let m_keys = row.iter().copied().fold(f64::NEG_INFINITY, |m, s| {
                     if s.is_nan() || m.is_nan() {
                         f64::NAN
                     } else {
                         m.max(s)
                     }
                 });
-                let visible_any = m > f64::NEG_INFINITY || m.is_nan();
+                // A row whose every key is hidden or carries a −∞ bias is empty: output 0
+                // (a NaN value behind a −∞ bias does not reach it), with a sink as without.
+                let visible_any = m_keys > f64::NEG_INFINITY || m_keys.is_nan();
+                let m = if m_keys.is_nan() {
+                    f64::NAN
+                } else {
+                    m_keys.max(sink)
+                };
                 let mut sum = if sink > f64::NEG_INFINITY {
                     (sink - m).exp()
                 } else {
@@ -175,7 +182,7 @@ fn run<Q: Element, KV: KvElement, O: Element>(
                         .expect("index inside validated dims") = O::from_f32(acc as f32);
                 }
                 if let Some(lse) = lse.as_deref_mut() {
-                    lse[(b * p.heads + h) * p.n_q + i] = if visible_any {
+                    lse[(b * p.heads + h) * p.n_q + i] = if m > f64::NEG_INFINITY || m.is_nan() {
                         (m + sum.ln()) as f32
                     } else {
                         f32::NEG_INFINITY

@@ -660,6 +660,28 @@ fn sinks_join_the_denominator_only() {
     expect(&runs, 0, 1, 0, (0.0, 0.5));
     expect(&runs, 0, 1, 1, (0.0, X));
 
+    // Every key of the row `−∞`-biased and a NaN value behind one of them: a row with no
+    // visible key, with a sink as without (output 0, lse = σ_h or −∞); the NaN reaches
+    // neither. One finite bias brings the NaN back (`0 · NaN`), sink or not.
+    let v_nan = [f32::NAN, 2.0];
+    let all_hidden = [f32::NEG_INFINITY; 4];
+    let all_hidden = Tensor::bshd(&all_hidden, [1, 1, 2, 2]).unwrap();
+    let opts = Options::new().scale(1.0).bias(all_hidden).sinks(&sinks);
+    let runs = both(&q[..2], [1, 1, 2, 1], &k, [1, 2, 1, 1], &v_nan, &opts);
+    expect(&runs, 0, 0, 0, (0.0, 0.5));
+    expect(&runs, 0, 0, 1, (0.0, X));
+    let one_seen = [f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, 0.0];
+    let one_seen = Tensor::bshd(&one_seen, [1, 1, 2, 2]).unwrap();
+    let opts = Options::new().scale(1.0).bias(one_seen).sinks(&sinks);
+    for run in both(&q[..2], [1, 1, 2, 1], &k, [1, 2, 1, 1], &v_nan, &opts) {
+        for h in 0..2 {
+            assert!(
+                run.row(0, 0, h)[0].is_nan(),
+                "head {h}: a NaN value seen with weight 0"
+            );
+        }
+    }
+
     // A large sink takes almost all the weight: out ≈ e^{−10}·(…).
     let big = [10.0f32, 10.0];
     let runs = both(
