@@ -16,8 +16,9 @@
 
 // Version of this ABI. It changes only when an existing struct or function changes
 // incompatibly; new fields are appended to structs, whose `size` field tells which fields the
-// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args` kept it at 1:
-// a caller built against the first version still works unchanged.)
+// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
+// `bf16_products` to `sdpa_options`, kept it at 1: a caller built against the first version
+// still works unchanged.)
 #define SDPA_ABI_VERSION 1
 
 // Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
@@ -221,6 +222,13 @@ typedef struct sdpa_options {
   const float *sinks;
   // Entries at `sinks`.
   size_t sinks_len;
+  // Nonzero: prefill's two products may run as bf16 dot products with f32 accumulation
+  // when Q and K/V are bf16 and the CPU has them (`sdpa_bf16_products_available`); the
+  // softmax weights are then rounded to bf16 before `P·V`, as FlashAttention does on GPUs.
+  // See the Rust `sdpa::Options::bf16_products` for what changes and the error bound.
+  // Added in the struct's second version: a caller whose `size` ends at `sinks_len` gets
+  // it off.
+  uint32_t bf16_products;
 } sdpa_options;
 
 // The operands of `sdpa_attention_paged`: attention over a paged K/V cache (vLLM's
@@ -463,6 +471,10 @@ size_t sdpa_get_num_threads(void);
 // error (the Rust `Display` of `sdpa::Error` for the errors the Rust API has). Never NULL; valid
 // until the next sdpa call on this thread.
 const char *sdpa_last_error_message(void);
+
+// 1 where `sdpa_options.bf16_products` takes effect on this machine (a CPU with AVX512_BF16
+// and the AVX-512 backend), else 0 (the option is then accepted and changes nothing).
+uint32_t sdpa_bf16_products_available(void);
 
 // `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).
 uint32_t sdpa_abi_version(void);

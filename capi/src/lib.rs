@@ -39,8 +39,9 @@ use sdpa::{
 
 /// Version of this ABI. It changes only when an existing struct or function changes
 /// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
-/// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args` kept it at 1:
-/// a caller built against the first version still works unchanged.)
+/// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
+/// `bf16_products` to `sdpa_options`, kept it at 1: a caller built against the first version
+/// still works unchanged.)
 pub const SDPA_ABI_VERSION: u32 = 1;
 
 /// Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
@@ -245,7 +246,18 @@ pub struct SdpaOptions {
     pub sinks: *const f32,
     /// Entries at `sinks`.
     pub sinks_len: usize,
+    /// Nonzero: prefill's two products may run as bf16 dot products with f32 accumulation
+    /// when Q and K/V are bf16 and the CPU has them (`sdpa_bf16_products_available`); the
+    /// softmax weights are then rounded to bf16 before `P·V`, as FlashAttention does on GPUs.
+    /// See the Rust `sdpa::Options::bf16_products` for what changes and the error bound.
+    /// Added in the struct's second version: a caller whose `size` ends at `sinks_len` gets
+    /// it off.
+    pub bf16_products: u32,
 }
+
+/// `sizeof(sdpa_options)` of the first version of the struct (no `bf16_products`): the
+/// smallest `size` accepted.
+const OPTIONS_V1_SIZE: usize = std::mem::offset_of!(SdpaOptions, bf16_products);
 
 /// One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
 /// LSE, as written by `sdpa_attention` with an LSE pointer.
@@ -910,7 +922,7 @@ unsafe fn read_inputs<'a>(
         unsafe { std::mem::zeroed() }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { read_versioned(opts, std::mem::size_of::<SdpaOptions>(), "options") }?.0
+        unsafe { read_versioned(opts, OPTIONS_V1_SIZE, "options") }?.0
     };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
@@ -995,6 +1007,9 @@ fn options<'a>(inputs: &'a Inputs<'_>) -> Result<Options<'a>, Failure> {
     }
     if let Some(sinks) = inputs.sinks {
         opts = opts.sinks(sinks);
+    }
+    if o.bf16_products != 0 {
+        opts = opts.bf16_products();
     }
     Ok(opts)
 }
@@ -1590,6 +1605,13 @@ pub extern "C" fn sdpa_last_error_message() -> *const c_char {
     LAST_ERROR
         .try_with(|e| e.borrow().as_ptr())
         .unwrap_or(c"".as_ptr())
+}
+
+/// 1 where `sdpa_options.bf16_products` takes effect on this machine (a CPU with AVX512_BF16
+/// and the AVX-512 backend), else 0 (the option is then accepted and changes nothing).
+#[no_mangle]
+pub extern "C" fn sdpa_bf16_products_available() -> u32 {
+    u32::from(sdpa::bf16_products_available())
 }
 
 /// `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).

@@ -557,3 +557,68 @@ fn merge_takes_f32_only() {
     );
     assert!(message().contains("f32 only"), "{}", message());
 }
+
+#[test]
+fn bf16_products_follow_the_rust_option_and_the_struct_version() {
+    use sdpa::half::bf16;
+    let q: Vec<bf16> = typed(B * NQ * H * D, 60);
+    let k: Vec<bf16> = typed(B * NKV * HKV * D, 61);
+    let v: Vec<bf16> = typed(B * NKV * HKV * D, 62);
+    let c_call = |o: &SdpaOptions| {
+        let mut out = vec![bf16::ZERO; B * NQ * H * D];
+        let mut lse = vec![0f32; B * H * NQ];
+        let mut a = args(&[], &[], &[], &mut [], &mut lse);
+        a.q.data = q.as_ptr().cast();
+        a.k.data = k.as_ptr().cast();
+        a.v.data = v.as_ptr().cast();
+        a.out.data = out.as_mut_ptr().cast();
+        (a.q_dtype, a.kv_dtype, a.out_dtype) = (SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16);
+        // SAFETY: valid pointers for bf16 elements and the dims of `args`.
+        let status = unsafe { sdpa_attention(&a, o) };
+        assert_eq!(status, SdpaStatus::Ok, "{}", message());
+        (out, lse)
+    };
+    let rust_call = |opts: &Options| {
+        let mut out = vec![bf16::ZERO; B * NQ * H * D];
+        let mut lse = vec![0f32; B * H * NQ];
+        sdpa::attention_lse(
+            &Tensor::bshd(&q, [B, NQ, H, D]).unwrap(),
+            &Tensor::bshd(&k, [B, NKV, HKV, D]).unwrap(),
+            &Tensor::bshd(&v, [B, NKV, HKV, D]).unwrap(),
+            &mut TensorMut::bshd(&mut out, [B, NQ, H, D]).unwrap(),
+            &mut lse,
+            opts,
+        )
+        .unwrap();
+        (out, lse)
+    };
+    let bits = |(out, lse): (Vec<bf16>, Vec<f32>)| {
+        let mut b: Vec<u32> = out.iter().map(|x| u32::from(x.to_bits())).collect();
+        b.extend(lse.iter().map(|x| x.to_bits()));
+        b
+    };
+    let mut on = no_options();
+    on.bf16_products = 1;
+    let with = bits(c_call(&on));
+    assert_eq!(with, bits(rust_call(&Options::new().bf16_products())));
+    let without = bits(rust_call(&Options::new()));
+    assert_eq!(bits(c_call(&no_options())), without);
+    // Where the CPU has the instruction the option changes the results (P rounded to bf16).
+    let available = sdpa_bf16_products_available();
+    assert_eq!(available, u32::from(sdpa::bf16_products_available()));
+    assert_eq!(with != without, available == 1);
+    // A caller built against the first version of `sdpa_options` (its size ends at
+    // `sinks_len`): the bytes past it — `bf16_products`, nonzero here — are not read.
+    let mut v1 = on;
+    v1.size = std::mem::offset_of!(SdpaOptions, bf16_products);
+    assert_eq!(bits(c_call(&v1)), without);
+    // Smaller than the first version: rejected.
+    v1.size -= 8;
+    let mut lse = vec![0f32; B * H * NQ];
+    let a = args(&[], &[], &[], &mut [], &mut lse);
+    // SAFETY: the options' size is checked before any tensor is read.
+    assert_eq!(
+        unsafe { sdpa_attention(&a, &v1) },
+        SdpaStatus::InvalidStructSize
+    );
+}

@@ -341,3 +341,30 @@ fn views_with_a_start_offset() -> Result<()> {
     assert!(max_diff(&got, &want)? < TOL);
     Ok(())
 }
+
+/// `Attention::bf16_products` on bf16 projections: within the f32 result plus the weights'
+/// and the output's bf16 roundings (`2u·max|v|`); where the CPU has no bf16 dot products,
+/// bitwise the plain call.
+#[test]
+fn bf16_products_on_bf16_inputs() -> Result<()> {
+    let (b, s, h, h_kv, d) = (1, 40, 4, 2, 64);
+    let (q, k, v) = projections(b, s, h, h_kv, d, 6)?;
+    let half = |t: &Tensor| t.to_dtype(DType::BF16);
+    let (qh, kh, vh) = (half(&q)?, half(&k)?, half(&v)?);
+    let want = unfused(
+        &qh.to_dtype(DType::F32)?,
+        &kh.to_dtype(DType::F32)?,
+        &vh.to_dtype(DType::F32)?,
+        Some(&causal_mask(s, s, None)?),
+    )?;
+    let plain = Attention::new().causal(Alignment::BottomRight);
+    let got = plain.bf16_products().forward(&qh, &kh, &vh, None)?;
+    assert_eq!(got.dtype(), DType::BF16);
+    let tol = 2.0 * unit_roundoff(DType::BF16) * max_abs(&vh)? + TOL;
+    let err = max_diff(&got, &want)?;
+    assert!(err <= tol, "{err} > {tol}");
+    let without = plain.forward(&qh, &kh, &vh, None)?;
+    let same = max_diff(&got, &without)? == 0.0;
+    assert_eq!(same, !sdpa_candle::bf16_products_available());
+    Ok(())
+}

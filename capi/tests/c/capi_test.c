@@ -130,6 +130,8 @@ static double max_diff(const void *x, const void *y, size_t n, uint32_t dtype) {
 int main(void) {
     CHECK(sdpa_abi_version() == SDPA_ABI_VERSION, "ABI version %u vs header %u",
           sdpa_abi_version(), (unsigned)SDPA_ABI_VERSION);
+    CHECK(sdpa_bf16_products_available() <= 1, "bf16 products available: %u",
+          sdpa_bf16_products_available());
 
     /* Q: stored [b][h][s][d] with each row padded by QPAD floats and 7 spare floats per batch
      * (a permuted view of a padded buffer). */
