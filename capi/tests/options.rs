@@ -33,7 +33,7 @@ fn contiguous(dims: [usize; 4]) -> [usize; 4] {
     [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1]
 }
 
-fn tensor(data: &[f32], dims: [usize; 4]) -> SdpaTensor {
+fn tensor<T>(data: &[T], dims: [usize; 4]) -> SdpaTensor {
     SdpaTensor {
         data: data.as_ptr().cast(),
         dims,
@@ -42,9 +42,21 @@ fn tensor(data: &[f32], dims: [usize; 4]) -> SdpaTensor {
 }
 
 fn args(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: &mut [f32]) -> SdpaAttentionArgs {
+    typed_args(q, k, v, out, lse)
+}
+
+/// The arguments of one call on contiguous `[B, NQ, H, D]` / `[B, NKV, HKV, D]` buffers of any
+/// element types, each operand group's `dtype` set from its type.
+fn typed_args<Q: Element, KV: Element, O: Element>(
+    q: &[Q],
+    k: &[KV],
+    v: &[KV],
+    out: &mut [O],
+    lse: &mut [f32],
+) -> SdpaAttentionArgs {
     SdpaAttentionArgs {
         size: std::mem::size_of::<SdpaAttentionArgs>(),
-        q_dtype: SDPA_DTYPE_F32,
+        q_dtype: dtype_of::<Q>(),
         q: tensor(q, [B, NQ, H, D]),
         k: tensor(k, [B, NKV, HKV, D]),
         v: tensor(v, [B, NKV, HKV, D]),
@@ -55,8 +67,8 @@ fn args(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: &mut [f32]) -> Sd
         },
         lse: lse.as_mut_ptr(),
         lse_len: lse.len(),
-        kv_dtype: SDPA_DTYPE_F32,
-        out_dtype: SDPA_DTYPE_F32,
+        kv_dtype: dtype_of::<KV>(),
+        out_dtype: dtype_of::<O>(),
     }
 }
 
@@ -345,34 +357,7 @@ fn typed_call_matches_rust<Q: Element, KV: Element, O: Element>(seed: u32) {
     let c_call = |reference: bool| {
         let mut out = vec![zero; B * NQ * H * D];
         let mut lse = vec![0f32; B * H * NQ];
-        let a = SdpaAttentionArgs {
-            size: std::mem::size_of::<SdpaAttentionArgs>(),
-            q_dtype: dtype_of::<Q>(),
-            q: SdpaTensor {
-                data: q.as_ptr().cast(),
-                dims: [B, NQ, H, D],
-                strides: contiguous([B, NQ, H, D]),
-            },
-            k: SdpaTensor {
-                data: k.as_ptr().cast(),
-                dims: [B, NKV, HKV, D],
-                strides: contiguous([B, NKV, HKV, D]),
-            },
-            v: SdpaTensor {
-                data: v.as_ptr().cast(),
-                dims: [B, NKV, HKV, D],
-                strides: contiguous([B, NKV, HKV, D]),
-            },
-            out: SdpaTensorMut {
-                data: out.as_mut_ptr().cast(),
-                dims: [B, NQ, H, D],
-                strides: contiguous([B, NQ, H, D]),
-            },
-            lse: lse.as_mut_ptr(),
-            lse_len: lse.len(),
-            kv_dtype: dtype_of::<KV>(),
-            out_dtype: dtype_of::<O>(),
-        };
+        let a = typed_args(&q, &k, &v, &mut out, &mut lse);
         // SAFETY: every pointer is valid for the dims and element types given.
         let status = unsafe {
             if reference {
@@ -448,11 +433,7 @@ fn first_version_args_give_every_operand_the_one_dtype() {
     let v: Vec<f16> = typed(B * NKV * HKV * D, 42);
     let mut out_c = vec![f16::ZERO; B * NQ * H * D];
     let mut lse = vec![0f32; B * H * NQ];
-    let mut a = args(&[], &[], &[], &mut [], &mut lse);
-    a.q.data = q.as_ptr().cast();
-    a.k.data = k.as_ptr().cast();
-    a.v.data = v.as_ptr().cast();
-    a.out.data = out_c.as_mut_ptr().cast();
+    let mut a = typed_args(&q, &k, &v, &mut out_c, &mut lse);
     // A caller compiled against the first struct: `dtype` (now q_dtype) is everyone's type, and
     // the bytes past its size (kv_dtype, out_dtype: garbage here) are not read.
     a.size = std::mem::offset_of!(SdpaAttentionArgs, kv_dtype);
@@ -567,12 +548,7 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
     let c_call = |o: &SdpaOptions| {
         let mut out = vec![bf16::ZERO; B * NQ * H * D];
         let mut lse = vec![0f32; B * H * NQ];
-        let mut a = args(&[], &[], &[], &mut [], &mut lse);
-        a.q.data = q.as_ptr().cast();
-        a.k.data = k.as_ptr().cast();
-        a.v.data = v.as_ptr().cast();
-        a.out.data = out.as_mut_ptr().cast();
-        (a.q_dtype, a.kv_dtype, a.out_dtype) = (SDPA_DTYPE_BF16, SDPA_DTYPE_BF16, SDPA_DTYPE_BF16);
+        let a = typed_args(&q, &k, &v, &mut out, &mut lse);
         // SAFETY: valid pointers for bf16 elements and the dims of `args`.
         let status = unsafe { sdpa_attention(&a, o) };
         assert_eq!(status, SdpaStatus::Ok, "{}", message());

@@ -51,6 +51,13 @@ fn unfused(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<
     candle_nn::ops::softmax_last_dim(&att)?.matmul(&v)
 }
 
+/// [`unfused`] with the causal mask (bottom-right) on the f32 values of half-precision inputs.
+fn unfused_causal_f32(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+    let mask = causal_mask(q.dim(2)?, k.dim(2)?, None)?;
+    unfused(&f32(q)?, &f32(k)?, &f32(v)?, Some(&mask))
+}
+
 fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     assert_eq!(a.dims(), b.dims());
     (a.to_dtype(DType::F32)? - b.to_dtype(DType::F32)?)?
@@ -225,12 +232,7 @@ fn half_precision_inputs_run_natively() -> Result<()> {
         let half = |t: &Tensor| t.transpose(1, 2)?.to_dtype(dtype)?.transpose(1, 2);
         let (qh, kh, vh) = (half(&q)?, half(&k)?, half(&v)?);
         assert!(!qh.is_contiguous() && !kh.is_contiguous());
-        let want = unfused(
-            &qh.to_dtype(DType::F32)?,
-            &kh.to_dtype(DType::F32)?,
-            &vh.to_dtype(DType::F32)?,
-            Some(&causal_mask(s, s, None)?),
-        )?;
+        let want = unfused_causal_f32(&qh, &kh, &vh)?;
         let tol = unit_roundoff(dtype) * max_abs(&vh)? + TOL;
         let got = sdpa(&qh, &kh, &vh, None, true, 1.0 / (d as f32).sqrt(), 1.0)?;
         assert_eq!(got.dtype(), dtype);
@@ -351,12 +353,7 @@ fn bf16_products_on_bf16_inputs() -> Result<()> {
     let (q, k, v) = projections(b, s, h, h_kv, d, 6)?;
     let half = |t: &Tensor| t.to_dtype(DType::BF16);
     let (qh, kh, vh) = (half(&q)?, half(&k)?, half(&v)?);
-    let want = unfused(
-        &qh.to_dtype(DType::F32)?,
-        &kh.to_dtype(DType::F32)?,
-        &vh.to_dtype(DType::F32)?,
-        Some(&causal_mask(s, s, None)?),
-    )?;
+    let want = unfused_causal_f32(&qh, &kh, &vh)?;
     let plain = Attention::new().causal(Alignment::BottomRight);
     let got = plain.bf16_products().forward(&qh, &kh, &vh, None)?;
     assert_eq!(got.dtype(), DType::BF16);
