@@ -72,6 +72,27 @@ fn typed_args<Q: Element, KV: Element, O: Element>(
     }
 }
 
+/// The same call through the Rust API on the buffers of [`typed_args`]: output and LSE.
+fn rust_call<Q: Element, KV: Element, O: Element>(
+    q: &[Q],
+    k: &[KV],
+    v: &[KV],
+    opts: &Options,
+) -> (Vec<O>, Vec<f32>) {
+    let mut out = vec![O::from_f32(0.0); B * NQ * H * D];
+    let mut lse = vec![0f32; B * H * NQ];
+    sdpa::attention_lse(
+        &Tensor::bshd(q, [B, NQ, H, D]).unwrap(),
+        &Tensor::bshd(k, [B, NKV, HKV, D]).unwrap(),
+        &Tensor::bshd(v, [B, NKV, HKV, D]).unwrap(),
+        &mut TensorMut::bshd(&mut out, [B, NQ, H, D]).unwrap(),
+        &mut lse,
+        opts,
+    )
+    .unwrap();
+    (out, lse)
+}
+
 fn no_options() -> SdpaOptions {
     // SAFETY: all-zero is a valid SdpaOptions (plain attention), as documented.
     let mut o: SdpaOptions = unsafe { std::mem::zeroed() };
@@ -140,17 +161,7 @@ fn every_option_matches_the_rust_api_bitwise() {
         .alibi(&slopes, Alignment::BottomRight)
         .softcap(30.0)
         .sinks(&sinks);
-    let mut out_r = vec![0f32; B * NQ * H * D];
-    let mut lse_r = vec![0f32; B * H * NQ];
-    sdpa::attention_lse(
-        &Tensor::bshd(&q, [B, NQ, H, D]).unwrap(),
-        &Tensor::bshd(&k, [B, NKV, HKV, D]).unwrap(),
-        &Tensor::bshd(&v, [B, NKV, HKV, D]).unwrap(),
-        &mut TensorMut::bshd(&mut out_r, [B, NQ, H, D]).unwrap(),
-        &mut lse_r,
-        &opts,
-    )
-    .unwrap();
+    let (out_r, lse_r): (Vec<f32>, _) = rust_call(&q, &k, &v, &opts);
     assert_eq!(out_c, out_r);
     assert_eq!(lse_c, lse_r);
 
@@ -554,20 +565,6 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
         assert_eq!(status, SdpaStatus::Ok, "{}", message());
         (out, lse)
     };
-    let rust_call = |opts: &Options| {
-        let mut out = vec![bf16::ZERO; B * NQ * H * D];
-        let mut lse = vec![0f32; B * H * NQ];
-        sdpa::attention_lse(
-            &Tensor::bshd(&q, [B, NQ, H, D]).unwrap(),
-            &Tensor::bshd(&k, [B, NKV, HKV, D]).unwrap(),
-            &Tensor::bshd(&v, [B, NKV, HKV, D]).unwrap(),
-            &mut TensorMut::bshd(&mut out, [B, NQ, H, D]).unwrap(),
-            &mut lse,
-            opts,
-        )
-        .unwrap();
-        (out, lse)
-    };
     let bits = |(out, lse): (Vec<bf16>, Vec<f32>)| {
         let mut b: Vec<u32> = out.iter().map(|x| u32::from(x.to_bits())).collect();
         b.extend(lse.iter().map(|x| x.to_bits()));
@@ -576,8 +573,11 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
     let mut on = no_options();
     on.bf16_products = 1;
     let with = bits(c_call(&on));
-    assert_eq!(with, bits(rust_call(&Options::new().bf16_products())));
-    let without = bits(rust_call(&Options::new()));
+    assert_eq!(
+        with,
+        bits(rust_call(&q, &k, &v, &Options::new().bf16_products()))
+    );
+    let without = bits(rust_call(&q, &k, &v, &Options::new()));
     assert_eq!(bits(c_call(&no_options())), without);
     // Where the CPU has the instruction the option changes the results (P rounded to bf16).
     let available = sdpa_bf16_products_available();
