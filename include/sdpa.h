@@ -58,8 +58,8 @@ typedef enum sdpa_status {
   SDPA_STATUS_OK = 0,
   // A required pointer (a struct, a tensor's data, an option's array) is NULL.
   SDPA_STATUS_NULL_POINTER = 1,
-  // A struct's `size` field is smaller than its first version or larger than this library
-  // knows (`sdpa_attention_args`: not the size of one of its versions).
+  // A struct's `size` field is not the size of one of its versions: `sizeof` in this ABI,
+  // or that of an earlier version of `sdpa_attention_args` or `sdpa_options`.
   SDPA_STATUS_INVALID_STRUCT_SIZE = 2,
   // An element type is not one of the `SDPA_DTYPE_*` values, or not one this function
   // takes (`sdpa_merge_partials` takes f32 only).

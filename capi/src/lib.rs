@@ -70,8 +70,8 @@ pub enum SdpaStatus {
     Ok = 0,
     /// A required pointer (a struct, a tensor's data, an option's array) is NULL.
     NullPointer = 1,
-    /// A struct's `size` field is smaller than its first version or larger than this library
-    /// knows (`sdpa_attention_args`: not the size of one of its versions).
+    /// A struct's `size` field is not the size of one of its versions: `sizeof` in this ABI,
+    /// or that of an earlier version of `sdpa_attention_args` or `sdpa_options`.
     InvalidStructSize = 2,
     /// An element type is not one of the `SDPA_DTYPE_*` values, or not one this function
     /// takes (`sdpa_merge_partials` takes f32 only).
@@ -198,7 +198,7 @@ pub struct SdpaAttentionArgs {
 }
 
 /// `sizeof(sdpa_attention_args)` of the first version of the struct (no `kv_dtype`,
-/// `out_dtype`): the smallest `size` accepted.
+/// `out_dtype`).
 const ATTENTION_ARGS_V1_SIZE: usize = std::mem::offset_of!(SdpaAttentionArgs, kv_dtype);
 
 /// Options of an attention call. All-zero bytes (after setting `size`) mean plain attention
@@ -255,8 +255,7 @@ pub struct SdpaOptions {
     pub bf16_products: u32,
 }
 
-/// `sizeof(sdpa_options)` of the first version of the struct (no `bf16_products`): the
-/// smallest `size` accepted.
+/// `sizeof(sdpa_options)` of the first version of the struct (no `bf16_products`).
 const OPTIONS_V1_SIZE: usize = std::mem::offset_of!(SdpaOptions, bf16_products);
 
 /// One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
@@ -710,7 +709,9 @@ fn check_disjoint(span: Span, others: &[Span], what: &str) -> Result<(), Failure
 }
 
 /// Reads a versioned struct of which the caller knows `size` bytes (fields past them stay zero,
-/// which every struct here reads as "absent / off").
+/// which every struct here reads as "absent / off"). `size` must be one of `versions`, the
+/// sizes of the struct's earlier versions (a size between two versions is not a struct); the
+/// current one, `sizeof(T)`, is always accepted.
 ///
 /// Returns the struct and the caller's `size`.
 ///
@@ -718,7 +719,7 @@ fn check_disjoint(span: Span, others: &[Span], what: &str) -> Result<(), Failure
 /// `ptr`, if not NULL, must be valid for reads of `*ptr.size` bytes.
 unsafe fn read_versioned<T: Copy>(
     ptr: *const T,
-    min_size: usize,
+    versions: &[usize],
     what: &str,
 ) -> Result<(T, usize), Failure> {
     if ptr.is_null() {
@@ -731,11 +732,12 @@ unsafe fn read_versioned<T: Copy>(
     // SAFETY: the caller's struct has at least that field.
     let size = unsafe { (ptr as *const usize).read_unaligned() };
     let full = std::mem::size_of::<T>();
-    if size < min_size || size > full {
+    if size != full && !versions.contains(&size) {
+        let earlier: String = versions.iter().map(|v| format!(" or {v}")).collect();
         return Err(Failure::new(
             SdpaStatus::InvalidStructSize,
             format!(
-                "{what}: size is {size}, expected between {min_size} and {full} (sizeof the struct in this ABI)"
+                "{what}: size is {size}, expected {full} (sizeof the struct in this ABI){earlier}"
             ),
         ));
     }
@@ -922,7 +924,7 @@ unsafe fn read_inputs<'a>(
         unsafe { std::mem::zeroed() }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { read_versioned(opts, OPTIONS_V1_SIZE, "options") }?.0
+        unsafe { read_versioned(opts, &[OPTIONS_V1_SIZE], "options") }?.0
     };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
@@ -1161,18 +1163,7 @@ unsafe fn attention_entry(
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
     let (args, caller_size) =
-        unsafe { read_versioned(args, ATTENTION_ARGS_V1_SIZE, "attention args") }?;
-    // Only the sizes of the struct's versions: a size between them is not a struct.
-    let full = std::mem::size_of::<SdpaAttentionArgs>();
-    if caller_size != ATTENTION_ARGS_V1_SIZE && caller_size != full {
-        return Err(Failure::new(
-            SdpaStatus::InvalidStructSize,
-            format!(
-                "attention args: size is {caller_size}, expected {full} (sizeof the struct in \
-                 this ABI) or {ATTENTION_ARGS_V1_SIZE} (its first version)"
-            ),
-        ));
-    }
+        unsafe { read_versioned(args, &[ATTENTION_ARGS_V1_SIZE], "attention args") }?;
     let types = Types::of(&args, caller_size)?;
     let outputs = (&args.out, args.lse, args.lse_len);
     unsafe {
@@ -1280,8 +1271,7 @@ fn types(q: u32, kv: u32, out: u32) -> Result<Types, Failure> {
 /// As `sdpa_attention_paged`.
 unsafe fn paged_entry(args: *const SdpaPagedArgs, opts: *const SdpaOptions) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
-    let full = std::mem::size_of::<SdpaPagedArgs>();
-    let args = unsafe { read_versioned(args, full, "paged args") }?.0;
+    let args = unsafe { read_versioned(args, &[], "paged args") }?.0;
     let types = types(args.q_dtype, args.kv_dtype, args.out_dtype)?;
     let mut layout = Vec::new();
     let table = unsafe {
@@ -1316,8 +1306,7 @@ unsafe fn varlen_entry(
     opts: *const SdpaOptions,
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
-    let full = std::mem::size_of::<SdpaVarlenArgs>();
-    let args = unsafe { read_versioned(args, full, "varlen args") }?.0;
+    let args = unsafe { read_versioned(args, &[], "varlen args") }?.0;
     let types = types(args.q_dtype, args.kv_dtype, args.out_dtype)?;
     let unused = |what: &str, set: bool| {
         if set {
@@ -1494,8 +1483,7 @@ pub unsafe extern "C" fn sdpa_attention_varlen(
 pub unsafe extern "C" fn sdpa_merge_partials(args: *const SdpaMergeArgs) -> SdpaStatus {
     guard(|| {
         // SAFETY (all blocks): the caller's contract, forwarded.
-        let args =
-            unsafe { read_versioned(args, std::mem::size_of::<SdpaMergeArgs>(), "merge args") }?.0;
+        let args = unsafe { read_versioned(args, &[], "merge args") }?.0;
         if dtype(args.dtype, "dtype")? != Dtype::F32 {
             return Err(Failure::new(
                 SdpaStatus::UnsupportedType,

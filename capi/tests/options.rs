@@ -588,13 +588,20 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
     let mut v1 = on;
     v1.size = std::mem::offset_of!(SdpaOptions, bf16_products);
     assert_eq!(bits(c_call(&v1)), without);
-    // Smaller than the first version: rejected.
-    v1.size -= 8;
+    // Smaller than the first version, or between the two versions: rejected.
     let mut lse = vec![0f32; B * H * NQ];
     let a = args(&[], &[], &[], &mut [], &mut lse);
-    // SAFETY: the options' size is checked before any tensor is read.
-    assert_eq!(
-        unsafe { sdpa_attention(&a, &v1) },
-        SdpaStatus::InvalidStructSize
-    );
+    for size in [v1.size - 8, v1.size + 2] {
+        let bad = SdpaOptions { size, ..on };
+        // SAFETY: the options' size is checked before any tensor is read.
+        assert_eq!(
+            unsafe { sdpa_attention(&a, &bad) },
+            SdpaStatus::InvalidStructSize
+        );
+        assert!(
+            message().contains(&format!("or {}", v1.size)),
+            "{}",
+            message()
+        );
+    }
 }
