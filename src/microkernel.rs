@@ -180,7 +180,8 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
     }
 }
 
-/// `out[t][r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row `r < ROWS`,
+/// `out[t·ld_out + r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row
+/// `r < ROWS`,
 /// channels along the lanes: the score kernel for few query rows (decode), where the
 /// transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
 /// loaded (and converted) once for all rows and each Q vector once for all keys; the lane sums
@@ -192,7 +193,9 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     k: [&[E]; KEYS],
     q: &[f32],
     d: usize,
-) -> [[f32; ROWS]; KEYS] {
+    out: &mut [f32],
+    ld_out: usize,
+) {
     let lanes = S::LANES;
     let mut k = k;
     for row in k.iter_mut() {
@@ -222,28 +225,29 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         }
         p += lanes;
     }
-    let mut out = [[0.0f32; ROWS]; KEYS];
+    let out = &mut out[..(KEYS - 1) * ld_out + ROWS];
     if KEYS * ROWS > 4 {
-        // All the tile's sums in one transposing reduction.
+        // All the tile's sums in one transposing reduction, in the order of `acc`.
         let sums = s.reduce_add16(acc);
         for t in 0..KEYS {
-            out[t].copy_from_slice(&sums[t * ROWS..(t + 1) * ROWS]);
+            out[t * ld_out..t * ld_out + ROWS].copy_from_slice(&sums[t * ROWS..(t + 1) * ROWS]);
         }
     } else {
         for t in 0..KEYS {
             for r in 0..ROWS {
-                out[t][r] = s.reduce_add(acc[t * ROWS + r]);
+                out[t * ld_out + r] = s.reduce_add(acc[t * ROWS + r]);
             }
         }
     }
-    for t in 0..KEYS {
-        for r in 0..ROWS {
-            for p in whole..d {
-                out[t][r] += k[t][p].scalar() * q[r * d + p];
+    if whole < d {
+        for t in 0..KEYS {
+            for r in 0..ROWS {
+                for p in whole..d {
+                    out[t * ld_out + r] += k[t][p].scalar() * q[r * d + p];
+                }
             }
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -334,13 +338,18 @@ mod tests {
                 .collect();
             let q: Vec<f32> = (0..ROWS * d).map(|x| value(x + 1000)).collect();
             let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
-            let out = dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d);
+            let ld = ROWS + 3;
+            let mut out = vec![f32::NAN; KEYS * ld];
+            dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d, &mut out, ld);
             for t in 0..KEYS {
+                for r in ROWS..ld {
+                    assert!(out[t * ld + r].is_nan(), "wrote past the tile");
+                }
                 for r in 0..ROWS {
                     let want: f64 = (0..d)
                         .map(|p| f64::from(keys[t][p]) * f64::from(q[r * d + p]))
                         .sum();
-                    let got = f64::from(out[t][r]);
+                    let got = f64::from(out[t * ld + r]);
                     assert!(
                         (got - want).abs() < 1e-5,
                         "{KEYS}x{ROWS} d={d}: {got} vs {want}"

@@ -1145,10 +1145,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         for (t, row) in k.iter_mut().enumerate() {
             *row = keys.row(jj + t, d);
         }
-        let out = dot_tile::<S, KEYS, ROWS, E>(s, k, q, d);
-        for (t, scores) in out.iter().enumerate() {
-            st[(jj + t) * ld_s..][..ROWS].copy_from_slice(scores);
-        }
+        dot_tile::<S, KEYS, ROWS, E>(s, k, q, d, &mut st[jj * ld_s..], ld_s);
         jj += KEYS;
         count += 1;
     }
@@ -1156,8 +1153,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         if let Some(k) = &next {
             k.request(jj, 1);
         }
-        let out = dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d);
-        st[jj * ld_s..][..ROWS].copy_from_slice(&out[0]);
+        dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d, &mut st[jj * ld_s..], ld_s);
         jj += 1;
         count += 1;
     }

@@ -122,13 +122,18 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn reduce_add16(self, v: [__m512; 16]) -> [f32; 16] {
         // Four halving steps, each adding two vectors' halves into one vector: 256-bit halves,
-        // 128-bit blocks, then pairs and single lanes inside the blocks. Afterwards lane
-        // `4k + j` holds the sum of `v[4j + k]`.
-        let mut lanes = [0.0f32; 16];
+        // 128-bit blocks, then pairs and single lanes inside the blocks. Fed `w[4j + k] =
+        // v[4k + j]`, lane `4k + j` of the result holds the sum of `w[4j + k]`, that is of
+        // `v[4k + j]`: the sums come out in order, with no permutation after the adds.
+        let mut w = v;
+        for (i, wi) in w.iter_mut().enumerate() {
+            *wi = v[4 * (i % 4) + i / 4];
+        }
+        let mut out = [0.0f32; 16];
         unsafe {
             let mut c = [_mm512_setzero_ps(); 8];
             for (i, ci) in c.iter_mut().enumerate() {
-                let (a, b) = (v[2 * i], v[2 * i + 1]);
+                let (a, b) = (w[2 * i], w[2 * i + 1]);
                 // [a.0, a.1, b.0, b.1] + [a.2, a.3, b.2, b.3] (128-bit blocks).
                 *ci = _mm512_add_ps(
                     _mm512_shuffle_f32x4::<0x44>(a, b),
@@ -138,7 +143,7 @@ impl Simd for Avx512 {
             let mut e = [_mm512_setzero_ps(); 4];
             for (i, ei) in e.iter_mut().enumerate() {
                 let (a, b) = (c[2 * i], c[2 * i + 1]);
-                // [a.0, a.2, b.0, b.2] + [a.1, a.3, b.1, b.3]: block k now sums v[4i + k].
+                // [a.0, a.2, b.0, b.2] + [a.1, a.3, b.1, b.3]: block k now sums w[4i + k].
                 *ei = _mm512_add_ps(
                     _mm512_shuffle_f32x4::<0x88>(a, b),
                     _mm512_shuffle_f32x4::<0xDD>(a, b),
@@ -155,11 +160,7 @@ impl Simd for Avx512 {
                 _mm512_shuffle_ps::<0x44>(g[0], g[1]),
                 _mm512_shuffle_ps::<0xEE>(g[0], g[1]),
             );
-            _mm512_storeu_ps(lanes.as_mut_ptr(), z);
-        }
-        let mut out = [0.0f32; 16];
-        for (m, o) in out.iter_mut().enumerate() {
-            *o = lanes[4 * (m % 4) + m / 4];
+            _mm512_storeu_ps(out.as_mut_ptr(), z);
         }
         out
     }
