@@ -273,7 +273,12 @@ fn gamma(n: usize) -> f64 {
 ///
 /// 6. i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32, a relative `u`:
 ///    one more rounding in every score product (`γ_{d_k+3}` in step 1) and values off by
-///    `u · max‖v‖` (one more `u` in the output bound below).
+///    `u · max‖v‖` (one more `u` in the output bound below). Decode may instead take rows
+///    with one scale each as integers and round `(q·k_i8) · scale` once per score and
+///    `p · scale` once per weight: the same relative `u` per term. Where such a product, or a
+///    dequantized value, rounds to a subnormal it errs by up to `η` absolute: a score by
+///    `|scale| · η · (1 + Σ_p |q_ip|)`, the output by `128 η` per key (a weight's error
+///    times an integer, or a value's times a weight ≤ 1).
 ///
 /// 7. [`Options::bf16_products`] (bf16 Q and K/V; the option changes nothing for other types):
 ///    the kernel rounds the weights `P` to bf16 (unit roundoff `u_b = 2⁻⁸`) and its bf16 dot
@@ -351,6 +356,10 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     if p.bf16_products {
                         e += scale * NU * (2.0 * norms + 3.0 * p.d_k as f64);
                     }
+                    if KV::QUANTIZED {
+                        // Subnormal roundings (step 6): `norms` ≥ Σ|q|.
+                        e += scale * ETA * (1.0 + norms);
+                    }
                     if let Some(cap) = p.softcap {
                         // tanh is 1-Lipschitz, so e does not grow; evaluating it through the
                         // polynomial 2^x and a division adds ~EXP2_REL + 4u relative to cap.
@@ -417,7 +426,7 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                         f64::INFINITY
                     };
                     // Subnormal roundings (step 5) and bf16 flushes (step 7), absolute.
-                    let mut underflow = (3 * terms + 66) as f64 * ETA;
+                    let mut underflow = (3 * terms + 66 + 128 * terms * dequantized) as f64 * ETA;
                     if p.bf16_products {
                         underflow += NU * (terms as f64 * (2.0 * v_max + 4.0) + 2.0);
                     }

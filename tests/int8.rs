@@ -76,14 +76,24 @@ fn scales(g: Granularity, [d0, d1, h, d]: [usize; 4], seed: u64) -> (Vec<f32>, [
 
 /// One case: `b` sequences, `n_q` query rows, `h` query heads over `h_kv` kv heads, `n_kv`
 /// keys, head size `d`; K and V scaled at `g`; every option set of [`option_sets`].
-fn case<Q: Element, O: Element>([b, n_q, h, h_kv, n_kv, d]: [usize; 6], g: Granularity, seed: u64) {
+fn case<Q: Element, O: Element>(dims: [usize; 6], g: Granularity, seed: u64) {
+    case_with::<Q, O>(dims, [g, g], 1.0, seed);
+}
+
+/// [`case`] with K scaled at `gk`, V at `gv`, and Q's values times `q_mag`.
+fn case_with<Q: Element, O: Element>(
+    [b, n_q, h, h_kv, n_kv, d]: [usize; 6],
+    [gk, gv]: [Granularity; 2],
+    q_mag: f32,
+    seed: u64,
+) {
     let q32 = values(b * n_q * h * d, seed);
-    let q: Vec<Q> = q32.iter().map(|&x| Q::from_f32(x)).collect();
+    let q: Vec<Q> = q32.iter().map(|&x| Q::from_f32(x * q_mag)).collect();
     let k = quantized(b * n_kv * h_kv * d, seed + 1);
     let v = quantized(b * n_kv * h_kv * d, seed + 2);
     let kv_dims = [b, n_kv, h_kv, d];
-    let (ks, ks_dims) = scales(g, kv_dims, seed + 3);
-    let (vs, vs_dims) = scales(g, kv_dims, seed + 4);
+    let (ks, ks_dims) = scales(gk, kv_dims, seed + 3);
+    let (vs, vs_dims) = scales(gv, kv_dims, seed + 4);
     let qv = Tensor::bshd(&q, [b, n_q, h, d]).unwrap();
     let kv = Tensor::bshd(&k, kv_dims).unwrap();
     let vv = Tensor::bshd(&v, kv_dims).unwrap();
@@ -112,7 +122,8 @@ fn case<Q: Element, O: Element>([b, n_q, h, h_kv, n_kv, d]: [usize; 6], g: Granu
     for (name, opts) in sets {
         let opts = opts.kv_scales(ksv, vsv);
         let label = format!(
-            "Q {} out {} {g:?} [b {b}, n_q {n_q}, h {h}/{h_kv}, n_kv {n_kv}, d {d}] {name}",
+            "Q {} out {} {gk:?}/{gv:?} [b {b}, n_q {n_q}, h {h}/{h_kv}, n_kv {n_kv}, d {d}] \
+             |q| ≤ {q_mag} {name}",
             Q::NAME,
             O::NAME
         );
@@ -148,6 +159,30 @@ fn every_granularity_against_the_reference_half() {
     }
     case::<bf16, f32>(PREFILL, Granularity::TokenHead, 50);
     case::<f16, f32>(DECODE, Granularity::HeadChannel, 51);
+}
+
+/// Decode reads rows with one scale each in place (integers in the products, the scales on
+/// the scores and weights) and dequantizes the others: K and V each way round, a head size
+/// too small for the in-place path's factors (`d = 8` under 16 stacked rows), and queries so
+/// large that the integer dot products would overflow f32 before the scale (`128 · Σ|q|`
+/// beyond it: keys dequantized, values still in place), all against the reference.
+#[test]
+fn decode_in_place_and_dequantized_rows_against_the_reference() {
+    use Granularity::{HeadChannel, Tensor, TokenHead};
+    for (i, gs) in [
+        [TokenHead, HeadChannel],
+        [HeadChannel, TokenHead],
+        [Tensor, TokenHead],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        case_with::<f32, f32>(DECODE, gs, 1.0, 60 + i as u64);
+    }
+    case_with::<f32, f32>([2, 1, 16, 4, 700, 8], [TokenHead; 2], 1.0, 64);
+    case_with::<f32, f32>([1, 2, 8, 2, 500, 64], [TokenHead; 2], 1.0, 65);
+    case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [TokenHead; 2], 1e34, 66);
+    case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [Tensor; 2], 1e32, 67);
 }
 
 /// Runs dense i8 attention (B = 2, n_q = 3, H = 4, H_kv = 2, n_kv = 100, d = 32) with the

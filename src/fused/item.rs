@@ -23,7 +23,7 @@
 
 use super::blocking::Blocking;
 use super::kv::{convert, KeyRange, KvSource, Rows};
-use super::scratch::{PairBuffers, Scratch, TileBuffers};
+use super::scratch::{KvBuffers, PairBuffers, Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
@@ -88,6 +88,11 @@ struct Tiles {
     /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
     /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
     by_channels: bool,
+    /// 8-bit rows with one scale each may be read in place (by channels; [`scale_rows`]):
+    /// values always, keys where every row's dot product with integers of magnitude ≤ 128
+    /// stays finite in f32 before the key's scale multiplies it ([`int_dots_finite`]).
+    int_values: bool,
+    int_keys: bool,
 }
 
 /// One key block `j0 .. j1` (absolute key indices).
@@ -122,15 +127,20 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     if rows == 0 {
         return; // a query block past its sequence's end (packed batches)
     }
-    let t = Tiles {
+    let mut t = Tiles {
         rows,
         ld_s: rows.div_ceil(S::LANES) * S::LANES,
         d_k: cx.problem.d_k,
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
         by_channels: bl.by_channels(),
+        int_values: false,
+        int_keys: false,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
+    // The K block buffer, unused when keys are read in place, holds the factors then.
+    t.int_values = KV::I8 && t.by_channels && t.ld_s <= t.d_k;
+    t.int_keys = t.int_values && int_dots_finite(s, &sc.tile.qt[..rows * t.d_k]);
     if let Some(bf) = bl.pairs {
         pair_queries(bf, &t, &sc.tile.qt, &mut sc.pairs.qt);
     }
@@ -190,6 +200,13 @@ fn block_loop<S: Simd, KV: KvSource>(
         tiles,
         ..
     } = sc;
+    let KvBuffers {
+        k: k_buf,
+        v: v_buf,
+        v_row,
+        non_finite,
+        scales,
+    } = kv;
     let head_rows = item.q_len * bl.group;
     let mut j0 = first;
     while j0 < last {
@@ -212,13 +229,15 @@ fn block_loop<S: Simd, KV: KvSource>(
         if t.by_channels {
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
-            let (k_buf, t_ref) = (&mut kv.k, &t);
+            let (bufs, t_ref) = ((&mut **k_buf, &mut **scales), &t);
             *tiles += if KV::F16 {
-                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
+                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile)
             } else if KV::BF16 {
-                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, k_buf, tile)
+                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, bufs, tile)
+            } else if KV::I8 && t.int_keys {
+                head_scores::<S, i8, KV>(s, cx, item, t_ref, &block, bufs, tile)
             } else {
-                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, k_buf, tile)
+                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, bufs, tile)
             };
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
@@ -228,7 +247,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
         } else {
             debug_assert_eq!(item.heads, 1);
-            let keys = cx.kv.keys(s, at(0), &mut kv.k);
+            let keys = cx.kv.keys(s, at(0), k_buf);
             *tiles += scores(s, cx, item, &t, &block, keys, tile, pairs);
         }
         bias_and_masks(cx, item, &t, &block, tile);
@@ -241,6 +260,18 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.alibi.is_none()
             && p.bias.is_none();
         softmax_update(s, &t, &block, known_max, tile);
+        // 8-bit values in place: every head's weights times their values' scales first, so
+        // that the output tile takes the integers.
+        let int_values =
+            t.int_values && (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
+        if int_values {
+            for g in 0..item.heads {
+                let rows = g * head_rows..(g + 1) * head_rows;
+                cx.kv.value_scales(at(g), scales);
+                spread_factors(&scales[..block.len()], rows, t.ld_s, k_buf);
+            }
+            apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
+        }
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
             // Decode: the next block's V rows of this head are requested while the output
@@ -271,13 +302,18 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
+            } else if int_values {
+                // (Never NaN or ±∞: nothing to set aside.)
+                if let Some(v) = cx.kv.values_in::<i8>(at(g), t.d_vp) {
+                    output_product(s, &t, &block, v, rows, tile, next_v);
+                    continue;
+                }
             }
-            let values = load_values(s, &cx.kv, at(g), &t, isolate, &mut kv.v, &mut kv.non_finite);
+            let values = load_values(s, &cx.kv, at(g), &t, isolate, v_buf, non_finite);
             match bl.pairs {
                 Some(bf) => pair_output_product(bf, &t, &block, values, rows.clone(), tile, pairs),
                 None => output_product(s, &t, &block, values, rows.clone(), tile, next_v),
             }
-            let (non_finite, v_row) = (&kv.non_finite, &mut kv.v_row);
             add_non_finite_values(s, cx, item, &t, at(g), rows, non_finite, v_row, tile);
         }
         j0 = block.j1;
@@ -288,7 +324,10 @@ fn block_loop<S: Simd, KV: KvSource>(
 /// (f32, or `E` = the cache's half type, converted as the dot products load them): tiles of
 /// keys outside, heads inside, so that the rows of all the item's heads for a few tokens — one
 /// contiguous stretch of a token-major cache — are read in address order. Other storage is
-/// converted head by head through `keys`. Returns the number of tiles computed.
+/// converted head by head through `keys` into `k_buf`. 8-bit keys in place (`E` = `i8`) have
+/// their scores multiplied by their scales: read into `scales`, spread over the rows in
+/// `k_buf` ([`spread_factors`]), applied after the last pass. Returns the number of tiles
+/// computed.
 #[inline(always)]
 fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     s: S,
@@ -296,7 +335,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     item: &Item,
     t: &Tiles,
     block: &Block,
-    k_buf: &mut [f32],
+    (k_buf, scales): (&mut [f32], &mut [f32]),
     tile: &mut TileBuffers,
 ) -> u64 {
     let head_rows = item.q_len * cx.blocking.group;
@@ -321,9 +360,21 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             // offsets, one block ahead) are requested: measured at n_kv = 16384, 1 thread,
             // f16 K/V 41% → 54% of the read bandwidth; further ahead was slower.
             let [next, _] = next_block(cx, at(g));
-            let range = (keys.clone(), rows);
+            let range = (keys.clone(), rows.clone());
             count += match cx.kv.keys_in::<E>(at(g)) {
-                Some(k) => scores_by_channels(s, t, block, k, range, tile, next),
+                Some(k) => {
+                    if KV::I8 {
+                        let pass = KeyRange {
+                            j0: block.j0 + keys.start,
+                            len: keys.len(),
+                            ..at(g)
+                        };
+                        cx.kv.key_scales(pass, scales);
+                        let factors = &mut k_buf[keys.start * t.ld_s..];
+                        spread_factors(&scales[..keys.len()], rows, t.ld_s, factors);
+                    }
+                    scores_by_channels(s, t, block, k, range, tile, next)
+                }
                 None => {
                     let k = cx.kv.keys(s, at(g), k_buf);
                     scores_by_channels(s, t, block, k, range, tile, next)
@@ -331,7 +382,52 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             };
         }
     }
+    if KV::I8 && in_place {
+        apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
+    }
     count
+}
+
+/// Writes `scales[j]` to the entries of `rows` of key `j` in `factors` (laid out like Sᵀ,
+/// leading dimension `ld_s`), for every `j`: the per-key scales of one head's 8-bit rows read
+/// in place, spread so that [`apply_factors`] multiplies whole vectors of rows.
+#[inline(always)]
+fn spread_factors(scales: &[f32], rows: Range<usize>, ld_s: usize, factors: &mut [f32]) {
+    for (j, &x) in scales.iter().enumerate() {
+        factors[j * ld_s..][rows.clone()].fill(x);
+    }
+}
+
+/// `Sᵀ ⊙= F` for the block's `len` keys: each score (K) or weight (V) times its key's scale,
+/// spread by [`spread_factors`]. (Padding rows take whatever `factors` holds there: they are
+/// never written out. Element by element, as one loop per head and key, the multiplies were
+/// 10% of an i8 decode step: short loops, each load waiting for the store before it.)
+#[inline(always)]
+fn apply_factors<S: Simd>(s: S, len: usize, ld_s: usize, factors: &[f32], st: &mut [f32]) {
+    let (st, factors) = (&mut st[..len * ld_s], &factors[..len * ld_s]);
+    for (x, f) in st
+        .chunks_exact_mut(S::LANES)
+        .zip(factors.chunks_exact(S::LANES))
+    {
+        s.store(x, s.mul(s.load(x), s.load(f)));
+    }
+}
+
+/// Whether every query row of `q` (rows of `d_k`, all the rows of a by-channels item) has dot
+/// products with integer rows of magnitude ≤ 128 that stay finite in f32: `128 · Σ|q|` over
+/// all the rows (which bounds each row's) below half the largest f32 (a margin for the sums'
+/// rounding; NaN or ∞ fails). Otherwise 8-bit
+/// keys are dequantized first, as the scale may bring the scores back into range.
+/// (Whole vectors first: a scalar sum's chain of dependent adds was 7% of an i8 decode step.)
+#[inline(always)]
+fn int_dots_finite<S: Simd>(s: S, q: &[f32]) -> bool {
+    let whole = q.len() / S::LANES * S::LANES;
+    let mut acc = s.splat(0.0);
+    for c in q[..whole].chunks_exact(S::LANES) {
+        acc = s.add(acc, s.abs(s.load(c)));
+    }
+    let tail: f32 = q[whole..].iter().map(|x| x.abs()).sum();
+    (s.reduce_add(acc) + tail) * 128.0 < f32::MAX / 2.0
 }
 
 /// The K and V rows of kv head `at.kv_head` one key block ahead of the block at `at.j0`, for

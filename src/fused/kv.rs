@@ -3,8 +3,9 @@
 //! The loop of [`super::item`] never indexes K or V itself: for each key block it asks a
 //! [`KvSource`] for the block's K rows and V rows as f32 [`Rows`], either in place (the
 //! caller's memory, when it already is f32 rows with unit stride) or converted/packed into the
-//! worker's buffers; the decode path may also take half-precision rows in place
-//! ([`KvSource::keys_in`]) and convert them as it loads them, and asks the source where the
+//! worker's buffers; the decode path may also take half-precision or 8-bit rows in place
+//! ([`KvSource::keys_in`]) and convert them as it loads them (applying 8-bit rows' per-key
+//! scales itself, [`KvSource::key_scales`]), and asks the source where the
 //! next block's rows lie ([`KvSource::prefetch_streams`]) to prefetch them. Storage formats —
 //! strided tensors of every element type, dense, packed or paged ([`RowMap`]); 8-bit quantized
 //! caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
@@ -89,9 +90,14 @@ impl<'s, E> Rows<'s, E> {
 }
 
 impl<'s, E> Rows<'s, E> {
+    /// All the memory the rows lie in.
+    pub(super) fn data(&self) -> &'s [E] {
+        self.data
+    }
+
     /// The same rows over `data`, which is the same memory as `self.data` seen as another
     /// element type (what [`Element::as_f16`] and friends return).
-    fn retype<F>(self, data: &'s [F]) -> Rows<'s, F> {
+    pub(super) fn retype<F>(self, data: &'s [F]) -> Rows<'s, F> {
         Rows {
             data,
             ld: self.ld,
@@ -127,17 +133,30 @@ pub(crate) trait KvSource: Sync {
     /// columns keep their zeros.
     fn pack_values<S: Simd>(&self, s: S, at: KeyRange, d_v_pad: usize, buf: &mut [f32]);
 
-    /// Whether the storage holds f16 or bf16 (constants, so that a kernel branching on them
-    /// compiles only its own element type's code).
+    /// Whether the storage holds f16, bf16 or 8-bit integers (constants, so that a kernel
+    /// branching on them compiles only its own element type's code).
     const F16: bool;
     const BF16: bool;
+    const I8: bool;
 
-    /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride.
+    /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
+    /// (8-bit rows: and one scale per row, [`KvSource::key_scales`]).
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>>;
 
     /// The V rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
-    /// and `d_v = d_v_pad`.
+    /// and `d_v = d_v_pad` (8-bit rows: and one scale per row, [`KvSource::value_scales`]).
     fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>>;
+
+    /// The scale of each K row of `at` that [`KvSource::keys_in`] gives (a key is its row times
+    /// its scale), to `out[..at.len]`: 1 for storage that is not quantized.
+    fn key_scales(&self, at: KeyRange, out: &mut [f32]) {
+        out[..at.len].fill(1.0);
+    }
+
+    /// [`KvSource::key_scales`] for the V rows that [`KvSource::values_in`] gives.
+    fn value_scales(&self, at: KeyRange, out: &mut [f32]) {
+        out[..at.len].fill(1.0);
+    }
 
     /// Where the K and V rows of the keys from `at.j0` on lie, for prefetching them: plain
     /// strided rows only (paged caches and strided channels give `None`). Computed once per
@@ -278,7 +297,7 @@ impl<T: KvElement> TensorKv<'_, T> {
 
     /// The rows of `at` in place in `t`, in its element type, if its channel stride is 1.
     #[inline(always)]
-    fn rows_of<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s, T>> {
+    pub(super) fn rows_of<'s>(&'s self, t: &Tensor<'s, T>, at: KeyRange) -> Option<Rows<'s, T>> {
         let [s0, s1, s2, s3] = t.strides();
         let data = t.data();
         if s3 != 1 {
@@ -370,6 +389,7 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
 
     const F16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 2048.0;
     const BF16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 256.0;
+    const I8: bool = false;
 
     #[inline(always)]
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {

@@ -6,6 +6,13 @@
 //! stage — scores, masks, softmax, output — is the f32 kernel's and every option works
 //! unchanged. The scales were validated finite with `|scale| · 128` finite, so dequantized
 //! values are finite: the set-aside path for NaN/±∞ values finds nothing.
+//!
+//! Decode reads rows whose scale is one number per row (per tensor or per (token, kv head))
+//! in place instead ([`KvSource::keys_in`]): the dot products take the integers, converted
+//! exactly as they are loaded, and the kernel multiplies each score by its key's scale and
+//! each weight by its value's scale before the output product (`Σ_j (p_j·s_j)·v_j`). That is
+//! one rounding per score and per weight in place of one per value, the same count in every
+//! term of the bound. Per-channel scales are always dequantized.
 
 use super::kv::{KeyRange, KvSource, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
@@ -21,6 +28,34 @@ pub(crate) struct QuantKv<'a> {
 impl QuantKv<'_> {
     /// Writes the rows of `at` of `t` (`width` values each), dequantized with `scales`, to
     /// `buf` as rows `ld` apart.
+    /// The rows of `at` of `t` in place, as `E` = `i8`, if each row has one scale (none varies
+    /// along channels), the channel stride is 1 and rows are not empty.
+    #[inline(always)]
+    fn in_place<'s, E: Lanes>(
+        &'s self,
+        t: &Tensor<'s, i8>,
+        scales: &Broadcast<'_, f32>,
+        at: KeyRange,
+    ) -> Option<Rows<'s, E>> {
+        if scales.strides[3] != 0 || t.dims()[3] == 0 {
+            return None;
+        }
+        let rows = self.kv.rows_of(t, at)?;
+        Some(rows.retype(E::of_i8(rows.data())?))
+    }
+
+    /// The scale of each row of `at` (channel 0's), to `out[..at.len]`.
+    #[inline(always)]
+    fn row_scales(&self, scales: &Broadcast<'_, f32>, at: KeyRange, out: &mut [f32]) {
+        let [s0, s1, s2, _] = scales.strides;
+        for (j, x) in out[..at.len].iter_mut().enumerate() {
+            // Inside the scales: they broadcast against K/V's dims (validated), and the key's
+            // storage position and the kv head are inside those dims.
+            let (b, s) = self.kv.position(at, j);
+            *x = scales.data[b * s0 + s * s1 + at.kv_head * s2];
+        }
+    }
+
     #[inline(always)]
     fn dequantize(
         &self,
@@ -91,13 +126,29 @@ impl KvSource for QuantKv<'_> {
 
     const F16: bool = false;
     const BF16: bool = false;
+    const I8: bool = true;
 
-    fn keys_in<E: Lanes>(&self, _: KeyRange) -> Option<Rows<'_, E>> {
-        None
+    #[inline(always)]
+    fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {
+        self.in_place(&self.kv.k, &self.scales.k, at)
     }
 
-    fn values_in<E: Lanes>(&self, _: KeyRange, _: usize) -> Option<Rows<'_, E>> {
-        None
+    #[inline(always)]
+    fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>> {
+        if self.kv.v.dims()[3] != d_v_pad {
+            return None;
+        }
+        self.in_place(&self.kv.v, &self.scales.v, at)
+    }
+
+    #[inline(always)]
+    fn key_scales(&self, at: KeyRange, out: &mut [f32]) {
+        self.row_scales(&self.scales.k, at, out);
+    }
+
+    #[inline(always)]
+    fn value_scales(&self, at: KeyRange, out: &mut [f32]) {
+        self.row_scales(&self.scales.v, at, out);
     }
 
     #[inline(always)]

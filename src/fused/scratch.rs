@@ -49,6 +49,8 @@ pub(crate) struct KvBuffers {
     pub v_row: Aligned,
     /// Block-relative keys whose value row holds NaN or ±∞ (capacity `kv_block`).
     pub non_finite: Vec<usize>,
+    /// The per-key scales of 8-bit K or V rows read in place, `kv_block`.
+    pub scales: Aligned,
 }
 
 /// The operands of the bf16 dot products ([`Blocking::pairs`]; empty otherwise), each a pair
@@ -152,7 +154,7 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 19] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 20] {
         let rows = b.max_panel_rows();
         let (d2, kv_pairs) = (b.d_k.div_ceil(2), b.kv_block.div_ceil(2));
         let pair = |len: Option<usize>| if b.pairs.is_some() { len } else { Some(0) };
@@ -181,6 +183,7 @@ impl Scratch {
             f32s(b.kv_block.checked_mul(b.d_v_pad)), // v
             f32s(Some(b.d_v_pad)),              // v_row
             words(Some(b.kv_block)),            // non_finite (its capacity)
+            f32s(Some(b.kv_block)),             // scales
             f32s(pair(rows.checked_mul(d2))),   // pairs.qt
             f32s(pair(b.kv_block.checked_mul(d2))), // pairs.k
             f32s(pair(kv_pairs.checked_mul(b.d_v_pad))), // pairs.v
@@ -213,7 +216,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite, pair_qt, pair_k, pair_v, pair_p] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite, scales, pair_qt, pair_k, pair_v, pair_p] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -238,6 +241,7 @@ impl Scratch {
                 v: aligned(&v)?,
                 v_row: aligned(&v_row)?,
                 non_finite,
+                scales: aligned(&scales)?,
             },
             pairs: PairBuffers {
                 qt: aligned(&pair_qt)?,

@@ -164,4 +164,10 @@ impl Simd for Avx2Fma {
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
         }
     }
+    #[inline(always)]
+    fn load_i8(self, s: &[i8]) -> __m256 {
+        let s = &s[..8];
+        // SAFETY: 8 readable i8s = 8 bytes (checked above), what `vmovq` reads; unaligned load.
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(s.as_ptr().cast()))) }
+    }
 }

@@ -215,4 +215,11 @@ impl Simd for Avx512 {
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
         }
     }
+    #[inline(always)]
+    fn load_i8(self, s: &[i8]) -> __m512 {
+        let s = &s[..16];
+        // SAFETY: 16 readable i8s = 16 bytes (checked above); unaligned load; vpmovsxbd and
+        // vcvtdq2ps on zmm registers are AVX-512F.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(s.as_ptr().cast()))) }
+    }
 }

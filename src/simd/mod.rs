@@ -112,13 +112,21 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// The first `LANES` elements of `s`, converted exactly to f32 (the bits shifted into the
     /// high half).
     fn load_bf16(self, s: &[bf16]) -> Self::V;
+    /// The first `LANES` elements of `s`, converted exactly to f32 (sign-extended to 32-bit
+    /// integers, then converted).
+    fn load_i8(self, s: &[i8]) -> Self::V;
 }
 
 /// A type the kernels read K and V rows in, converted to f32 lanes as they are loaded: `f32`,
-/// `f16`, `bf16`. (Per-ISA conversion stays in [`Simd`]; this only picks the method.)
+/// `f16`, `bf16`, and the integers of 8-bit caches (`i8`, whose scales the kernel applies
+/// itself). (Per-ISA conversion stays in [`Simd`]; this only picks the method.)
 pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     /// `x` itself if `T` is this type.
     fn of<T: Element>(x: &[T]) -> Option<&[Self]>;
+    /// `x` itself if this type is `i8`.
+    fn of_i8(_: &[i8]) -> Option<&[Self]> {
+        None
+    }
     /// The first `S::LANES` elements of `x` as f32 lanes (exact).
     fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
     /// The value as f32 (exact).
@@ -167,6 +175,25 @@ impl Lanes for bf16 {
     #[inline(always)]
     fn scalar(self) -> f32 {
         self.to_f32()
+    }
+}
+
+impl Lanes for i8 {
+    #[inline(always)]
+    fn of<T: Element>(_: &[T]) -> Option<&[i8]> {
+        None // no `Element` is an integer
+    }
+    #[inline(always)]
+    fn of_i8(x: &[i8]) -> Option<&[i8]> {
+        Some(x)
+    }
+    #[inline(always)]
+    fn load<S: Simd>(s: S, x: &[i8]) -> S::V {
+        s.load_i8(x)
+    }
+    #[inline(always)]
+    fn scalar(self) -> f32 {
+        f32::from(self)
     }
 }
 

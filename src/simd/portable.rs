@@ -96,6 +96,14 @@ impl Simd for Portable {
         }
         f32x8::new(lanes)
     }
+    #[inline(always)]
+    fn load_i8(self, s: &[i8]) -> f32x8 {
+        let mut lanes = [0.0f32; 8];
+        for (l, &x) in lanes.iter_mut().zip(&s[..8]) {
+            *l = f32::from(x);
+        }
+        f32x8::new(lanes)
+    }
 }
 
 /// Runs `kernel` on this backend. Out of line, like the other backends' entry points, so that a
