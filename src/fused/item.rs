@@ -88,7 +88,7 @@ struct Tiles {
     /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
     /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
     by_channels: bool,
-    /// 8-bit rows with one scale each may be read in place (by channels; [`scale_rows`]):
+    /// 8-bit rows with one scale each may be read in place (by channels; [`spread_factors`]):
     /// values always, keys where every row's dot product with integers of magnitude ≤ 128
     /// stays finite in f32 before the key's scale multiplies it ([`int_dots_finite`]).
     int_values: bool,

@@ -12,7 +12,9 @@
 //! exactly as they are loaded, and the kernel multiplies each score by its key's scale and
 //! each weight by its value's scale before the output product (`Σ_j (p_j·s_j)·v_j`). That is
 //! one rounding per score and per weight in place of one per value, the same count in every
-//! term of the bound. Per-channel scales are always dequantized.
+//! term of the bound. Per-channel scales are always dequantized, and so are keys where the
+//! kernel's guards say no (head sizes below the stacked rows, queries large enough to overflow
+//! the integer dot products: `Tiles::int_keys` in [`super::item`]).
 
 use super::kv::{KeyRange, KvSource, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
