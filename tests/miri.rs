@@ -5,6 +5,11 @@
 //! cross every tile edge of the portable backend (8 lanes, 16-row panels, 6-key tiles): the
 //! same checks as the fuzz targets, from `tests/support/`. Also runs on stable in
 //! `cargo test`, where it takes milliseconds.
+//!
+//! `SDPA_MIRI_SHARD=k/n` runs only the cases whose index is `k` modulo `n` (every test, each
+//! over its own case list), so that CI can run `n` Miri processes side by side, one per core;
+//! Miri itself interprets on one thread. Unset, every case runs. Under Miri the variable
+//! reaches the program only through `-Zmiri-env-forward=SDPA_MIRI_SHARD` (`.ci/fuzz`).
 
 mod support;
 
@@ -36,17 +41,40 @@ const fn shape(
     }
 }
 
+/// `(k, n)` from `SDPA_MIRI_SHARD=k/n`; `(0, 1)` (everything) when it is unset. A malformed
+/// value fails the test rather than silently running a different subset.
+fn shard() -> (usize, usize) {
+    let Ok(spec) = std::env::var("SDPA_MIRI_SHARD") else {
+        return (0, 1);
+    };
+    let parsed = spec
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
+    match parsed {
+        Some((k, n)) if k < n => (k, n),
+        _ => panic!("SDPA_MIRI_SHARD={spec:?}: expected k/n with k < n"),
+    }
+}
+
+/// Whether this process runs the case at `index` of its test's list.
+fn in_shard(index: usize) -> bool {
+    let (k, n) = shard();
+    index % n == k
+}
+
 #[test]
 fn tiny_differential_seeds() {
-    let mut ran = 0;
+    let mut small = 0;
     for (name, case) in seeds::differential() {
         if case.shape.fit().work() <= MIRI_WORK {
-            eprintln!("seed {name}");
-            check(&case);
-            ran += 1;
+            if in_shard(small) {
+                eprintln!("seed {name}");
+                check(&case);
+            }
+            small += 1;
         }
     }
-    assert!(ran >= 20, "only {ran} seeds are small enough");
+    assert!(small >= 20, "only {small} seeds are small enough");
 }
 
 #[test]
@@ -86,7 +114,10 @@ fn tile_edges_layouts_and_causal() {
             ..DiffCase::plain(shape(1, 1, 2, 3, 5, 4), OptSpec::causal(BottomRight), 8)
         },
     ];
-    for case in &cases {
+    for (i, case) in cases.iter().enumerate() {
+        if !in_shard(i) {
+            continue;
+        }
         let stats = check(case);
         assert_eq!(stats.typed, usize::from(case.types != Types::F32));
     }
@@ -97,13 +128,15 @@ fn tile_edges_layouts_and_causal() {
 /// minutes over; they only exercise safe validation code, and run on stable.)
 #[test]
 fn api_seeds() {
-    let mut ran = 0;
+    let mut small = 0;
     for (name, case) in seeds::api() {
         if case.sizes.iter().all(|&n| n <= 64) {
-            eprintln!("seed {name}");
-            api::check(&case);
-            ran += 1;
+            if in_shard(small) {
+                eprintln!("seed {name}");
+                api::check(&case);
+            }
+            small += 1;
         }
     }
-    assert!(ran >= 20, "only {ran} seeds are small enough");
+    assert!(small >= 20, "only {small} seeds are small enough");
 }
