@@ -181,9 +181,8 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
 }
 
 /// `out[t·ld_out + r] = Σ_p k[t][p] · q[r·d + p]` for each key `t < KEYS` and query row
-/// `r < ROWS`,
-/// channels along the lanes: the score kernel for few query rows (decode), where the
-/// transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
+/// `r < ROWS`, channels along the lanes: the score kernel for few query rows (decode), where
+/// the transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
 /// loaded (and converted) once for all rows and each Q vector once for all keys; the lane sums
 /// at the end ([`Simd::reduce_add16`] for more than four scores), and the channels past the
 /// last whole vector in scalar.
@@ -239,12 +238,11 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
             }
         }
     }
-    if whole < d {
-        for t in 0..KEYS {
-            for r in 0..ROWS {
-                for p in whole..d {
-                    out[t * ld_out + r] += k[t][p].scalar() * q[r * d + p];
-                }
+    // The channels past the last whole vector (none where d is a multiple of the lanes).
+    for t in 0..KEYS {
+        for r in 0..ROWS {
+            for p in whole..d {
+                out[t * ld_out + r] += k[t][p].scalar() * q[r * d + p];
             }
         }
     }

@@ -416,9 +416,9 @@ fn apply_factors<S: Simd>(s: S, len: usize, ld_s: usize, factors: &[f32], st: &m
 /// Whether every query row of `q` (rows of `d_k`, all the rows of a by-channels item) has dot
 /// products with integer rows of magnitude ≤ 128 that stay finite in f32: `128 · Σ|q|` over
 /// all the rows (which bounds each row's) below half the largest f32 (a margin for the sums'
-/// rounding; NaN or ∞ fails). Otherwise 8-bit
-/// keys are dequantized first, as the scale may bring the scores back into range.
-/// (Whole vectors first: a scalar sum's chain of dependent adds was 7% of an i8 decode step.)
+/// rounding; NaN or ∞ fails). Otherwise 8-bit keys are dequantized first, as the scale may
+/// bring the scores back into range. (Whole vectors first: a scalar sum's chain of dependent
+/// adds was 7% of an i8 decode step.)
 #[inline(always)]
 fn int_dots_finite<S: Simd>(s: S, q: &[f32]) -> bool {
     let whole = q.len() / S::LANES * S::LANES;
@@ -435,8 +435,8 @@ fn int_dots_finite<S: Simd>(s: S, q: &[f32]) -> bool {
 /// end are not requested. Past the work unit's own keys they are the first block of the
 /// item's next key split, the unit that the same thread most often runs next (an item's
 /// splits are adjacent units), so that block is not read cold. The addresses are found once
-/// per block and head, so that a request in a loop is a multiply and the prefetches (the
-/// per-key search it replaced was 10% of a decode step's time in `perf`).
+/// per block and head, so that a request in a loop is a multiply and the prefetches
+/// themselves (the per-key search this replaced was 10% of a decode step's time in `perf`).
 #[inline(always)]
 fn next_block(cx: &Ctx<'_, impl KvSource>, at: KeyRange) -> [Option<RowStream>; 2] {
     let next = KeyRange {
