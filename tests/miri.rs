@@ -56,18 +56,19 @@ fn shard() -> (usize, usize) {
     }
 }
 
-/// Whether this process runs the case at `index` of its test's list.
-fn in_shard(index: usize) -> bool {
-    let (k, n) = shard();
+/// Whether the process of `shard` (from [`shard`], read once per test) runs the case at
+/// `index` of its test's list.
+fn in_shard((k, n): (usize, usize), index: usize) -> bool {
     index % n == k
 }
 
 #[test]
 fn tiny_differential_seeds() {
+    let shard = shard();
     let mut small = 0;
     for (name, case) in seeds::differential() {
         if case.shape.fit().work() <= MIRI_WORK {
-            if in_shard(small) {
+            if in_shard(shard, small) {
                 eprintln!("seed {name}");
                 check(&case);
             }
@@ -80,6 +81,7 @@ fn tiny_differential_seeds() {
 #[test]
 fn tile_edges_layouts_and_causal() {
     use CausalKind::{BottomRight, TopLeft};
+    let shard = shard();
     let padded = Layout::padded([0, 2, 1, 3], [1, 0, 2, 1], 2);
     let cases = [
         // 7 keys: one 6-key tile and a 1-key tail; 9 rows: a full 8-lane vector and a tail.
@@ -115,7 +117,7 @@ fn tile_edges_layouts_and_causal() {
         },
     ];
     for (i, case) in cases.iter().enumerate() {
-        if !in_shard(i) {
+        if !in_shard(shard, i) {
             continue;
         }
         let stats = check(case);
@@ -128,10 +130,11 @@ fn tile_edges_layouts_and_causal() {
 /// minutes over; they only exercise safe validation code, and run on stable.)
 #[test]
 fn api_seeds() {
+    let shard = shard();
     let mut small = 0;
     for (name, case) in seeds::api() {
         if case.sizes.iter().all(|&n| n <= 64) {
-            if in_shard(small) {
+            if in_shard(shard, small) {
                 eprintln!("seed {name}");
                 api::check(&case);
             }

@@ -121,6 +121,11 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
 /// `f16`, `bf16`, and the integers of 8-bit caches (`i8`, whose scales the kernel applies
 /// itself). (Per-ISA conversion stays in [`Simd`]; this only picks the method.)
 pub(crate) trait Lanes: Copy + Send + Sync + 'static {
+    /// Whether rows of this type reach the tiles at every height: f32 rows do (prefill's
+    /// blocks, converted or read in place); half and 8-bit rows are read in place only by
+    /// decode, at most `LANES / 2` query rows per kv head, so no taller tile is compiled for
+    /// them.
+    const ANY_HEIGHT: bool = false;
     /// `x` itself if `T` is this type.
     fn of<T: Element>(x: &[T]) -> Option<&[Self]>;
     /// `x` itself if this type is `i8`.
@@ -134,6 +139,7 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
 }
 
 impl Lanes for f32 {
+    const ANY_HEIGHT: bool = true;
     #[inline(always)]
     fn of<T: Element>(x: &[T]) -> Option<&[f32]> {
         T::as_f32(x)
