@@ -227,7 +227,7 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     let out = &mut out[..(KEYS - 1) * ld_out + ROWS];
     if KEYS * ROWS > 4 {
         // All the tile's sums in one transposing reduction, in the order of `acc`.
-        let sums = s.reduce_add16(acc);
+        let sums = s.reduce_add16(acc, KEYS * ROWS);
         for t in 0..KEYS {
             out[t * ld_out..t * ld_out + ROWS].copy_from_slice(&sums[t * ROWS..(t + 1) * ROWS]);
         }
@@ -389,6 +389,10 @@ mod tests {
             check_dots::<S, 1, 3>(s);
             check_dots::<S, 2, 3>(s);
             check_dots::<S, 4, 2>(s);
+            // AVX2's decode tile (`item::dot_keys`), and twelve sums (one and a half groups of
+            // eight for AVX2's reduction).
+            check_dots::<S, 2, 4>(s);
+            check_dots::<S, 4, 3>(s);
             checked
         }
     }

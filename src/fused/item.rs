@@ -1204,18 +1204,40 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     let q = &tile.qt[rows.start * t.d_k..rows.end * t.d_k];
     let st = &mut tile.st[rows.start..];
     macro_rules! rows {
-        ($($rows:literal => $keys:literal),*) => {
+        ($($rows:literal)*) => {
             match rows.len() {
-                // (A `const` guard: no tile for more rows is instantiated; see [`height`].)
-                $($rows if const { $rows <= S::LANES / 2 } => {
-                    dots::<S, $keys, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
-                })*
+                // (`const` guards: no tile for more rows, nor of other widths, is instantiated;
+                // see [`height`].)
+                $(
+                    $rows if const { $rows <= S::LANES / 2 && dot_keys::<S>($rows) == 4 } => {
+                        dots::<S, 4, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
+                    }
+                    $rows if const { $rows <= S::LANES / 2 } => {
+                        dots::<S, 2, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
+                    }
+                )*
                 n => unreachable!("{n} rows by channels"),
             }
         };
     }
-    // Up to 16 accumulators: four keys at a time for up to four rows, two beyond.
-    rows!(1 => 4, 2 => 4, 3 => 4, 4 => 4, 5 => 2, 6 => 2, 7 => 2, 8 => 2)
+    rows!(1 2 3 4 5 6 7 8)
+}
+
+/// Keys per [`dot_tile`] for `rows` rows on `S`: four, or two where four keys' accumulators
+/// (`keys · rows`, at most the 16 of [`Simd::reduce_add16`]), key vectors and one query vector
+/// would not fit the tile's register budget (`2 · TILE + 2`, as in [`four_vecs_fit`]). AVX-512
+/// takes four keys up to four rows, two beyond; AVX2 and the portable backend four up to two
+/// rows, two for three or four. (Four keys for four rows on AVX2, 21 vectors for 16
+/// registers, spilled five accumulators to the stack on every step: perf on a Zen 3,
+/// 2026-12-04.)
+const fn dot_keys<S: Simd>(rows: usize) -> usize {
+    // Registers for four keys: their accumulators, the four key vectors and one query vector.
+    let (accumulators, key_vecs, query_vecs) = (4 * rows, 4, 1);
+    if accumulators <= 16 && accumulators + key_vecs + query_vecs <= 2 * S::TILE + 2 {
+        4
+    } else {
+        2
+    }
 }
 
 /// [`scores_by_channels`] for `ROWS` rows, `KEYS` keys per tile (then one at a time): row `r`

@@ -125,6 +125,32 @@ impl Simd for Avx2Fma {
         }
     }
     #[inline(always)]
+    fn reduce_add16(self, v: [__m256; 16], live: usize) -> [f32; 16] {
+        let mut out = [0.0f32; 16];
+        for (g, o) in out.chunks_exact_mut(8).enumerate().take(live.div_ceil(8)) {
+            let a = &v[8 * g..8 * g + 8];
+            unsafe {
+                // `hadd(a, b)` = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7], so
+                // two rounds leave in `q0` the sums of a[0..4]'s low halves, then of their high
+                // halves: [Σlo a0, Σlo a1, Σlo a2, Σlo a3 | Σhi a0, …, Σhi a3] (`q1` a[4..8]).
+                let h01 = _mm256_hadd_ps(a[0], a[1]);
+                let h23 = _mm256_hadd_ps(a[2], a[3]);
+                let h45 = _mm256_hadd_ps(a[4], a[5]);
+                let h67 = _mm256_hadd_ps(a[6], a[7]);
+                let q0 = _mm256_hadd_ps(h01, h23);
+                let q1 = _mm256_hadd_ps(h45, h67);
+                // Low halves of q0, q1 plus their high halves: the eight sums in order.
+                let sums = _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(q0, q1),
+                    _mm256_permute2f128_ps::<0x31>(q0, q1),
+                );
+                // SAFETY: `o` is a chunk of exactly 8 f32s.
+                _mm256_storeu_ps(o.as_mut_ptr(), sums);
+            }
+        }
+        out
+    }
+    #[inline(always)]
     fn transpose(self, v: &mut [__m256]) {
         let v: &mut [__m256; 8] = v.try_into().expect("8 rows");
         unsafe {

@@ -120,7 +120,8 @@ impl Simd for Avx512 {
         unsafe { _mm512_reduce_add_ps(a) }
     }
     #[inline(always)]
-    fn reduce_add16(self, v: [__m512; 16]) -> [f32; 16] {
+    fn reduce_add16(self, v: [__m512; 16], _live: usize) -> [f32; 16] {
+        // (All 16 at once: the halving steps cost the same for fewer live vectors.)
         // Four halving steps, each adding two vectors' halves into one vector: 256-bit halves,
         // 128-bit blocks, then pairs and single lanes inside the blocks. Fed `w[4j + k] =
         // v[4k + j]`, lane `4k + j` of the result holds the sum of `w[4j + k]`, that is of

@@ -75,13 +75,15 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn run<K: Kernel>(self, kernel: K) -> K::Output;
     /// The sum of the lanes (in a backend-fixed order).
     fn reduce_add(self, a: Self::V) -> f32;
-    /// The lane sums of 16 vectors, `out[i] = Σ lanes of v[i]` (in a backend-fixed order).
-    /// Backends with wide vectors transpose as they add (AVX-512: 45 shuffles and adds for all
-    /// 16, against ~8 per vector one by one); the others reduce each vector on its own.
+    /// The lane sums of the first `live` of 16 vectors, `out[i] = Σ lanes of v[i]` for
+    /// `i < live` (in a backend-fixed order); `out[live..]` is unspecified. Backends with
+    /// shuffles transpose as they add (AVX-512: 45 shuffles and adds for all 16, against ~8
+    /// per vector one by one; AVX2: 9 horizontal adds, permutes and adds per 8 vectors, against
+    /// 6 operations per vector); the default reduces each vector on its own.
     #[inline(always)]
-    fn reduce_add16(self, v: [Self::V; 16]) -> [f32; 16] {
+    fn reduce_add16(self, v: [Self::V; 16], live: usize) -> [f32; 16] {
         let mut out = [0.0; 16];
-        for (o, x) in out.iter_mut().zip(v) {
+        for (o, x) in out.iter_mut().zip(v).take(live) {
             *o = self.reduce_add(x);
         }
         out
