@@ -33,7 +33,15 @@
 //! along the lanes (`Blocking::by_channels`), an item stacks up to 96 rows of consecutive kv
 //! heads (`heads`), and the key block drops to 48 keys, so that one block of all the item's
 //! heads — in the token-major layouts engines use, one contiguous region of `48 × H_kv` rows —
-//! is read once from memory and stays in L2 while each head's pass uses its part.
+//! is read once from memory and stays in L2 while each head's pass uses its part. The block
+//! after it is prefetched meanwhile ([`crate::simd::RowStream`]), so two such regions must fit
+//! the 512 KiB L2 together: where they would not (f32 rows of 8 kv heads at d = 128, 2 ×
+//! 384 KiB), the block drops to the smallest multiple of the backend's tile and lanes that does
+//! (24 keys on AVX2 and the portable backend; AVX-512's multiple is 48 already). Measured on a
+//! 2-core Zen 3 (512 KiB L2), f32 decode at n_kv = 16384, three alternated rounds: 24 keys
+//! 7.70 GB/s against 6.14 for 48 (medians); f16 and i8, whose two regions fit, keep 48 (with
+//! 24, f16 the same, i8 −11%). On a Zen 4 (1 MiB L2) f32 had measured 24 keys at 73% of the
+//! read bandwidth against 77% for 48, which the 512 KiB target gives up.
 
 use crate::error::Error;
 use crate::problem::Problem;
@@ -51,8 +59,18 @@ const MIN_KV_BLOCK: usize = 48;
 /// count (8, 16).
 const KV_STEP: usize = 48;
 /// Half of a 512 KiB L2: what the per-block buffers may take, leaving the rest to Qᵀ, O and the
-/// K rows streaming through.
+/// K rows streaming through. Also what one decode block's K and V rows of all stacked heads may
+/// take, the other half holding the next block, prefetched meanwhile.
 const L2_BUDGET_BYTES: usize = 256 * 1024;
+
+/// The greatest common divisor of `a` and `b`.
+const fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
 
 /// Work units the scheduler aims for at least: enough for every core of a large server to get
 /// a few, so that decode (few query rows, long KV) still spreads over all threads.
@@ -96,7 +114,11 @@ impl Blocking {
     /// # Errors
     /// [`Error::ScratchTooLarge`] when a head size is so large (possible only with broadcast
     /// views over small slices) that the per-block sizes overflow `usize`.
-    pub fn for_problem(problem: &Problem, geometry: Geometry) -> Result<Self, Error> {
+    pub fn for_problem(
+        problem: &Problem,
+        geometry: Geometry,
+        kv_bytes: usize,
+    ) -> Result<Self, Error> {
         let too_large = Error::ScratchTooLarge { bytes: usize::MAX };
         let group = problem.group();
         let q_rows = TARGET_ROWS.div_ceil(group).clamp(1, problem.n_q.max(1));
@@ -125,11 +147,19 @@ impl Blocking {
         let kv_block = if heads > 1 {
             // Stacked heads walk one block per head: the block's K and V rows of all of them
             // (48 keys × 8 heads × 1 KiB at d = 128 in f32: 384 KiB) are one contiguous region
-            // of a token-major cache, read by the first head's pass (the L2 streamer
-            // prefetches the rest of each 4 KiB page) and still in L2 for the others. Larger
-            // blocks let that region outgrow L2 (measured: 192 keys, 44% of the read
-            // bandwidth; 96, 59%; 48, 77%; 24, 73%).
-            MIN_KV_BLOCK
+            // of a token-major cache, read by the first head's pass and still in L2 for the
+            // others. Larger blocks let that region outgrow L2 (measured on a 1 MiB L2:
+            // 192 keys, 44% of the read bandwidth; 96, 59%; 48, 77%; 24, 73%). With the next
+            // block prefetched, two regions share the L2: fewer keys where two of 48 would
+            // not fit half each (module docs), in steps of both the tile and the lanes.
+            let step = geometry.tile * geometry.lanes / gcd(geometry.tile, geometry.lanes);
+            let region_per_key = heads
+                .saturating_mul(problem.d_k.saturating_add(problem.d_v))
+                .saturating_mul(kv_bytes)
+                .max(1);
+            (L2_BUDGET_BYTES / region_per_key / step * step)
+                .min(MIN_KV_BLOCK)
+                .max(step)
         } else {
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK)
         };
@@ -221,13 +251,25 @@ mod tests {
         lanes: usize,
         tile: usize,
     ) -> Blocking {
+        blocking_of(heads, kv_heads, n_q, [d_k, d_v], (lanes, tile), 4)
+    }
+
+    /// [`blocking`] for K/V elements of `kv_bytes` bytes.
+    fn blocking_of(
+        heads: usize,
+        kv_heads: usize,
+        n_q: usize,
+        [d_k, d_v]: [usize; 2],
+        (lanes, tile): (usize, usize),
+        kv_bytes: usize,
+    ) -> Blocking {
         let q = vec![0.0f32; 1];
         let qv = Tensor::new(&q, [1, n_q, heads, d_k], [0; 4]).unwrap();
         let kv = Tensor::new(&q, [1, 1, kv_heads, d_k], [0; 4]).unwrap();
         let vv = Tensor::new(&q, [1, 1, kv_heads, d_v], [0; 4]).unwrap();
         let opts = Options::new();
         let p = Problem::new(&qv, &kv, &vv, [1, n_q, heads, d_v], None, &opts).unwrap();
-        Blocking::for_problem(&p, Geometry { lanes, tile }).unwrap()
+        Blocking::for_problem(&p, Geometry { lanes, tile }, kv_bytes).unwrap()
     }
 
     /// The cache model's table (module docs), one row per (backend, head sizes, group).
@@ -242,7 +284,7 @@ mod tests {
             ((8, 8, 4096, 128, 128, 8, 6), (96, 1, 144, 128, 96, 1)),
             ((8, 8, 4096, 256, 256, 16, 12), (96, 1, 96, 256, 96, 1)),
             ((32, 8, 1, 128, 128, 16, 12), (1, 4, 48, 128, 32, 8)),
-            ((32, 8, 1, 128, 128, 8, 6), (1, 4, 48, 128, 32, 8)),
+            ((32, 8, 1, 128, 128, 8, 6), (1, 4, 24, 128, 32, 8)),
             ((64, 8, 1, 128, 128, 16, 12), (1, 8, 48, 128, 64, 8)),
             ((32, 8, 4096, 128, 128, 16, 12), (24, 4, 144, 128, 96, 1)),
             ((12, 4, 100, 80, 40, 8, 6), (32, 3, 192, 40, 96, 1)),
@@ -267,8 +309,32 @@ mod tests {
             assert_eq!(b.kv_block % lanes, 0);
             // The per-block buffers stay inside the L2 budget unless the block is at its floor.
             let per_key = 4 * (d_k + b.d_v_pad + b.max_panel_rows());
-            assert!(b.kv_block == MIN_KV_BLOCK || b.kv_block * per_key <= L2_BUDGET_BYTES);
+            assert!(
+                b.kv_block <= MIN_KV_BLOCK || b.kv_block * per_key <= L2_BUDGET_BYTES,
+                "{got:?}"
+            );
         }
+    }
+
+    /// Decode's key block: two blocks of all stacked heads' K and V rows fit the 512 KiB L2
+    /// (f32 at d = 128 on AVX2: 24 keys), in steps of the tile and the lanes (AVX-512: 48).
+    #[test]
+    fn decode_blocks_follow_the_element_size() {
+        // ((lanes, tile), kv_bytes) → kv_block, for H = 32, H_kv = 8, n_q = 1, d = 128.
+        for (geometry, kv_bytes, want) in [
+            ((8, 6), 4, 24),
+            ((8, 6), 2, 48),
+            ((8, 6), 1, 48),
+            ((16, 12), 4, 48),
+            ((16, 12), 2, 48),
+        ] {
+            let b = blocking_of(32, 8, 1, [128, 128], geometry, kv_bytes);
+            assert_eq!(b.heads, 8);
+            assert_eq!(b.kv_block, want, "{geometry:?}, {kv_bytes} bytes");
+        }
+        // Huge heads: never below one step.
+        let b = blocking_of(32, 8, 1, [4096, 4096], (8, 6), 4);
+        assert_eq!(b.kv_block, 24);
     }
 
     #[test]

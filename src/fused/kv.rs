@@ -138,6 +138,14 @@ pub(crate) trait KvSource: Sync {
     const F16: bool;
     const BF16: bool;
     const I8: bool;
+    /// Bytes per stored K/V element, for the cache model ([`super::blocking::Blocking`]).
+    const ELEMENT_BYTES: usize = if Self::I8 {
+        1
+    } else if Self::F16 || Self::BF16 {
+        2
+    } else {
+        4
+    };
 
     /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
     /// (8-bit rows: and one scale per row, [`KvSource::key_scales`]).

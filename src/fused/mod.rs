@@ -162,7 +162,7 @@ pub(crate) fn scratch_bytes<KV: KvElement>(
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
 ) -> Result<usize, Error> {
-    let blocking = Blocking::for_problem(problem, geometry())?;
+    let blocking = Blocking::for_problem(problem, geometry(), std::mem::size_of::<KV>())?;
     let kv = TensorKv {
         k: *k,
         v: *v,
@@ -285,7 +285,7 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
     if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && lse.is_none()) {
         return Ok(());
     }
-    let blocking = Blocking::for_problem(problem, geometry())?;
+    let blocking = Blocking::for_problem(problem, geometry(), KV::ELEMENT_BYTES)?;
     let sched = Schedule::new(problem, &blocking);
     let (items, splits) = (sched.items(), sched.splits);
     let units = items * splits;
