@@ -40,8 +40,9 @@
 //! (24 keys on AVX2 and the portable backend; AVX-512's multiple is 48 already). Measured on a
 //! 2-core Zen 3 (512 KiB L2), f32 decode at n_kv = 16384, three alternated rounds: 24 keys
 //! 7.70 GB/s against 6.14 for 48 (medians); f16 and i8, whose two regions fit, keep 48 (with
-//! 24, f16 the same, i8 −11%). On a Zen 4 (1 MiB L2) f32 had measured 24 keys at 73% of the
-//! read bandwidth against 77% for 48, which the 512 KiB target gives up.
+//! 24, f16 the same, i8 −11%). On an AVX-512 Xeon (2 MiB L2) f32 had measured 24 keys at 73%
+//! of the read bandwidth against 77% for 48; AVX-512 keeps 48, and only an AVX2-only CPU with
+//! a large L2 gives that difference up for the 512 KiB target.
 
 use crate::error::Error;
 use crate::problem::Problem;
@@ -148,10 +149,10 @@ impl Blocking {
             // Stacked heads walk one block per head: the block's K and V rows of all of them
             // (48 keys × 8 heads × 1 KiB at d = 128 in f32: 384 KiB) are one contiguous region
             // of a token-major cache, read by the first head's pass and still in L2 for the
-            // others. Larger blocks let that region outgrow L2 (measured on a 1 MiB L2:
-            // 192 keys, 44% of the read bandwidth; 96, 59%; 48, 77%; 24, 73%). With the next
-            // block prefetched, two regions share the L2: fewer keys where two of 48 would
-            // not fit half each (module docs), in steps of both the tile and the lanes.
+            // others. Larger blocks let that region outgrow L2 (measured on a Xeon's 2 MiB
+            // L2: 192 keys, 44% of the read bandwidth; 96, 59%; 48, 77%; 24, 73%). With the
+            // next block prefetched, two regions share the L2: fewer keys where two of 48
+            // would not fit half each (module docs), in steps of both the tile and the lanes.
             let step = geometry.tile * geometry.lanes / gcd(geometry.tile, geometry.lanes);
             let region_per_key = heads
                 .saturating_mul(problem.d_k.saturating_add(problem.d_v))
