@@ -13,7 +13,8 @@
 //! |------------------|-------------------|-----------------|------------------|----------------|
 //! | Qᵀ panels        | rows · d_k        | 24 KiB          | 48 KiB           | L2; one 32-row panel (8–16 KiB) in L1 during a score tile |
 //! | Sᵀ / Pᵀ          | kv_block · rows   | 72 KiB          | 54 KiB           | L2, written then re-read at once |
-//! | V block (packed) | kv_block · d_v    | 48 KiB          | 72 KiB           | L2; one 32-column panel in L1 |
+//! | V block (packed) | kv_block · d_v    | 48 KiB          | 72 KiB           | L2 (or read in place) |
+//! | V panel (copied) | kv_block · 2L     | 24 / 12 KiB     | 18 / 9 KiB       | L1, while every row tile reads it (AVX-512 / AVX2) |
 //! | K block          | kv_block · d_k    | 48 KiB          | 72 KiB           | L2 (read in place from the caller's tensor) |
 //! | O accumulator    | rows · d_v        | 24 KiB          | 48 KiB           | L2 |
 //!
@@ -57,21 +58,12 @@ const MAX_KV_BLOCK: usize = 192;
 /// Fewest keys per block, so per-block work stays amortized even for huge head sizes.
 const MIN_KV_BLOCK: usize = 48;
 /// Key blocks are multiples of this: of every backend's score-tile height (6, 12) and lane
-/// count (8, 16).
+/// count (8, 16), i.e. of each backend's [`Geometry::key_step`] (checked in the tests).
 const KV_STEP: usize = 48;
 /// Half of a 512 KiB L2: what the per-block buffers may take, leaving the rest to Qᵀ, O and the
 /// K rows streaming through. Also what one decode block's K and V rows of all stacked heads may
 /// take, the other half holding the next block, prefetched meanwhile.
 const L2_BUDGET_BYTES: usize = 256 * 1024;
-
-/// The greatest common divisor of `a` and `b`.
-const fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
 
 /// Work units the scheduler aims for at least: enough for every core of a large server to get
 /// a few, so that decode (few query rows, long KV) still spreads over all threads.
@@ -153,7 +145,7 @@ impl Blocking {
             // L2: 192 keys, 44% of the read bandwidth; 96, 59%; 48, 77%; 24, 73%). With the
             // next block prefetched, two regions share the L2: fewer keys where two of 48
             // would not fit half each (module docs), in steps of both the tile and the lanes.
-            let step = geometry.tile * geometry.lanes / gcd(geometry.tile, geometry.lanes);
+            let step = geometry.key_step();
             let region_per_key = heads
                 .saturating_mul(problem.d_k.saturating_add(problem.d_v))
                 .saturating_mul(kv_bytes)
@@ -336,6 +328,16 @@ mod tests {
         // Huge heads: never below one step.
         let b = blocking_of(32, 8, 1, [4096, 4096], (8, 6), 4);
         assert_eq!(b.kv_block, 24);
+    }
+
+    /// Prefill's step of key blocks is whole steps of every backend's geometry.
+    #[test]
+    fn key_steps_divide_the_prefill_step() {
+        for (lanes, tile, step) in [(8, 6, 24), (16, 12, 48)] {
+            assert_eq!(Geometry { lanes, tile }.key_step(), step);
+            assert_eq!(KV_STEP % step, 0);
+        }
+        assert_eq!(KV_STEP % crate::simd::geometry().key_step(), 0);
     }
 
     #[test]

@@ -949,6 +949,14 @@ const ONES: [f32; 16] = [1.0; 16];
 /// sees. Column panels outside, row groups inside: one V panel (kv_block × 2 vectors: 24 KiB
 /// at 192 keys on AVX-512) stays in L1 while every row group's Pᵀ streams past it, so V is
 /// read from L2 once per block instead of once per row group.
+///
+/// For that, prefill copies each panel into `v_panel` first, its rows adjacent: read where
+/// they lie, rows `ld` apart (512 B at d = 128 in f32, 4 KiB for heads interleaved) fall into
+/// a few of L1's 64 sets (8 and 1 of them), which hold 64 and 8 lines on an 8-way L1, fewer
+/// than a panel of 48–192 keys, so every row group read the panel from L2 again. (`perf` on a
+/// Zen 3, n = 2048, d = 128: the output tile took 1.35× the score tile's time for the same
+/// FMAs.) Values are only moved, so the sums are the same. Decode's single row group per
+/// head reads each panel once, in place.
 #[inline(always)]
 fn output_product<S: Simd, E: Lanes>(
     s: S,
@@ -960,46 +968,115 @@ fn output_product<S: Simd, E: Lanes>(
     next: Option<RowStream>,
 ) {
     let vecs = panel_vecs::<S>(rows.len(), t.by_channels);
-    let (nr, mr) = (vecs * S::LANES, S::TILE);
+    let nr = vecs * S::LANES;
+    // (Prefill's values are f32 rows, in place or packed; `E::of` gives the copy back as `E`
+    // only then, so that the row groups are instantiated once, for `E`.)
+    let copy = !t.by_channels
+        && rows.len() > S::TILE
+        && tile.v_panel.len() >= block.len() * nr
+        && E::of::<f32>(&[]).is_some();
     for col in (0..t.d_vp).step_by(nr) {
         let width = (t.d_vp - col).min(nr) / S::LANES;
-        for r0 in rows.clone().step_by(mr) {
-            let r1 = (r0 + mr).min(rows.end);
-            // (Most blocks are seen whole by every row: no per-group range to find.)
-            let range = if block.seen_by_all {
-                Some((0, block.len()))
-            } else {
-                union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
-            };
-            let Some((glo, ghi)) = range else {
-                continue;
-            };
-            // One call per run of adjacent V rows (the whole range, except for rows read in
-            // place across pages); O is rescaled by α in the first only (×1 is exact), so the
-            // sums are the same as in one call.
-            let mut alpha = &tile.alpha[r0..r1];
-            let o = &mut tile.o[r0 * t.d_vp + col..];
-            let mut j = glo;
-            while j < ghi {
-                let (v, c) = values.run(j, ghi - j);
-                let pt = &tile.st[j * t.ld_s + r0..];
-                output_rows(
-                    s,
-                    r1 - r0,
-                    width,
-                    pt,
-                    t.ld_s,
-                    c,
-                    &v[col..],
-                    values.ld,
-                    alpha,
-                    o,
-                    t.d_vp,
-                    next.map(|n| n.skip(j).columns(col, width * S::LANES, t.d_vp)),
-                );
-                alpha = &ONES[..r1 - r0];
-                j += c;
-            }
+        let cols = (col, width);
+        if copy {
+            copy_panel(s, values, block.len(), cols, &mut tile.v_panel);
+        }
+        let TileBuffers {
+            v_panel,
+            st,
+            o,
+            alpha,
+            lo,
+            hi,
+            ..
+        } = &mut *tile;
+        let copied = if copy { E::of(&v_panel[..]) } else { None };
+        let panel = match copied {
+            // (Rows as `copy_panel` wrote them: `width` vectors, fewer than `nr` columns in
+            // the last panel when d_v is not a multiple of two vectors.)
+            Some(data) => (Rows::strided(data, width * S::LANES), 0),
+            None => (values, col),
+        };
+        let tb = (&st[..], &lo[..], &hi[..], &alpha[..]);
+        row_groups(s, t, block, panel, cols, rows.clone(), tb, o, next);
+    }
+}
+
+/// Columns `col .. col + width` vectors of the block's first `len` V rows, converted to f32,
+/// to `panel` as adjacent rows of `width` vectors.
+#[inline(always)]
+fn copy_panel<S: Simd, E: Lanes>(
+    s: S,
+    values: Rows<'_, E>,
+    len: usize,
+    (col, width): (usize, usize),
+    panel: &mut [f32],
+) {
+    let n = width * S::LANES;
+    for (j, dst) in panel.chunks_exact_mut(n).take(len).enumerate() {
+        let src = &values.row(j, col + n)[col..];
+        for (d, x) in dst
+            .chunks_exact_mut(S::LANES)
+            .zip(src.chunks_exact(S::LANES))
+        {
+            s.store(d, E::load(s, x));
+        }
+    }
+}
+
+/// The row groups of [`output_product`] for one column panel: `panel` holds it from column
+/// `col_in` of its rows; `(col, width)` are its columns in O (`width` vectors); `tb` is
+/// (Pᵀ, rows' first and past-last visible keys, α).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn row_groups<S: Simd, E: Lanes>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    (panel, col_in): (Rows<'_, E>, usize),
+    (col, width): (usize, usize),
+    rows: Range<usize>,
+    (st, lo, hi, alpha_all): (&[f32], &[usize], &[usize], &[f32]),
+    o_all: &mut [f32],
+    next: Option<RowStream>,
+) {
+    let mr = S::TILE;
+    for r0 in rows.clone().step_by(mr) {
+        let r1 = (r0 + mr).min(rows.end);
+        // (Most blocks are seen whole by every row: no per-group range to find.)
+        let range = if block.seen_by_all {
+            Some((0, block.len()))
+        } else {
+            union_range(&lo[r0..r1], &hi[r0..r1], block.j0, block.j1)
+        };
+        let Some((glo, ghi)) = range else {
+            continue;
+        };
+        // One call per run of adjacent V rows (the whole range, except for rows read in
+        // place across pages); O is rescaled by α in the first only (×1 is exact), so the
+        // sums are the same as in one call.
+        let mut alpha = &alpha_all[r0..r1];
+        let o = &mut o_all[r0 * t.d_vp + col..];
+        let mut j = glo;
+        while j < ghi {
+            let (v, c) = panel.run(j, ghi - j);
+            let pt = &st[j * t.ld_s + r0..];
+            output_rows(
+                s,
+                r1 - r0,
+                width,
+                pt,
+                t.ld_s,
+                c,
+                &v[col_in..],
+                panel.ld,
+                alpha,
+                o,
+                t.d_vp,
+                next.map(|n| n.skip(j).columns(col, width * S::LANES, t.d_vp)),
+            );
+            alpha = &ONES[..r1 - r0];
+            j += c;
         }
     }
 }
@@ -1225,7 +1302,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
 
 /// Keys per [`dot_tile`] for `rows` rows on `S`: four, or two where four keys' accumulators
 /// (`keys · rows`, at most the 16 of [`Simd::reduce_add16`]), key vectors and one query vector
-/// would not fit the tile's register budget (`2 · TILE + 2`, as in [`four_vecs_fit`]). AVX-512
+/// would not fit the tile's register budget ([`fits_registers`]). AVX-512
 /// takes four keys up to four rows, two beyond; AVX2 and the portable backend four up to two
 /// rows, two for three or four. (Four keys for four rows on AVX2, 21 vectors for 16
 /// registers, spilled five accumulators to the stack on every step: perf on a Zen 3,
@@ -1233,7 +1310,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
 const fn dot_keys<S: Simd>(rows: usize) -> usize {
     // Registers for four keys: their accumulators, the four key vectors and one query vector.
     let (accumulators, key_vecs, query_vecs) = (4 * rows, 4, 1);
-    if accumulators <= 16 && accumulators + key_vecs + query_vecs <= 2 * S::TILE + 2 {
+    if accumulators <= 16 && fits_registers::<S>(accumulators + key_vecs + query_vecs) {
         4
     } else {
         2
@@ -1281,7 +1358,7 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
 
 /// Vectors per output column panel for a row group of `rows` rows: two (the tile of
 /// [`crate::microkernel`]), or, for decode's few rows per head, four where the accumulators
-/// still fit the tile's register budget (`rows · 4 + 4 ≤ 2 · TILE + 2`: up to 5 rows on
+/// still fit the tile's register budget (`rows · 4 + 4` vectors, [`fits_registers`]: up to 5 rows on
 /// AVX-512, 2 on AVX2). Each V vector — loaded and, for half or 8-bit caches, converted once —
 /// then feeds as many FMAs as before, but each broadcast of P and each loop step serves twice
 /// the columns. (Measured with the prefetch streams of the same change, f16 decode at
@@ -1296,9 +1373,19 @@ fn panel_vecs<S: Simd>(rows: usize, by_channels: bool) -> usize {
     }
 }
 
-/// Whether `rows` rows' accumulators of four vectors each fit the tile's register budget.
+/// Whether `rows` rows' accumulators of four vectors each, and the four V vectors they share,
+/// fit the tile's register budget ([`fits_registers`]).
 const fn four_vecs_fit<S: Simd>(rows: usize) -> bool {
-    rows * 4 + 4 <= 2 * S::TILE + 2
+    fits_registers::<S>(rows * 4 + 4)
+}
+
+/// Whether a tile that keeps `vectors` vectors live at once fits `S`'s registers without
+/// spilling: the budget of the prefill tile, `TILE × 2` accumulators, two loaded vectors and
+/// the broadcast (AVX2: 6 · 2 + 2 + 1 = 15 of 16 registers, so 14 vectors here plus a
+/// broadcast or a scratch one; AVX-512: 26 of 32). Decode's tiles ([`dot_keys`],
+/// [`panel_vecs`]) are sized against it.
+const fn fits_registers<S: Simd>(vectors: usize) -> bool {
+    vectors <= 2 * S::TILE + 2
 }
 
 /// Whether [`output_rows`] instantiates the output tile `rows` high for rows of type `E` on

@@ -138,14 +138,10 @@ pub(crate) trait KvSource: Sync {
     const F16: bool;
     const BF16: bool;
     const I8: bool;
-    /// Bytes per stored K/V element, for the cache model ([`super::blocking::Blocking`]).
-    const ELEMENT_BYTES: usize = if Self::I8 {
-        1
-    } else if Self::F16 || Self::BF16 {
-        2
-    } else {
-        4
-    };
+    /// Bytes per stored K/V element, for the cache model ([`super::blocking::Blocking`]): the
+    /// size of the stored type, as [`crate::scratch_bytes_per_thread`] takes it from the
+    /// caller's element type.
+    const ELEMENT_BYTES: usize;
 
     /// The K rows of `at` in place as `E`, if the storage holds `E` with unit channel stride
     /// (8-bit rows: and one scale per row, [`KvSource::key_scales`]).
@@ -398,6 +394,7 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
     const F16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 2048.0;
     const BF16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 256.0;
     const I8: bool = false;
+    const ELEMENT_BYTES: usize = size_of::<T>();
 
     #[inline(always)]
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {

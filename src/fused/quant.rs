@@ -129,6 +129,7 @@ impl KvSource for QuantKv<'_> {
     const F16: bool = false;
     const BF16: bool = false;
     const I8: bool = true;
+    const ELEMENT_BYTES: usize = size_of::<i8>();
 
     #[inline(always)]
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {

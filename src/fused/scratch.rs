@@ -36,6 +36,10 @@ pub(crate) struct TileBuffers {
     pub alibi_dist: Aligned,
     /// See `alibi_dist`.
     pub alibi_slope: Aligned,
+    /// One column panel of the V block, `kv_block` rows of two vectors, contiguous (prefill:
+    /// [`output_product`](super::item) copies each panel here before its row tiles read it;
+    /// empty for decode, whose single row group reads each panel once).
+    pub v_panel: Aligned,
 }
 
 /// Buffers of the key/value stage: K and V blocks converted or packed by a
@@ -154,7 +158,7 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 20] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 21] {
         let rows = b.max_panel_rows();
         let (d2, kv_pairs) = (b.d_k.div_ceil(2), b.kv_block.div_ceil(2));
         let pair = |len: Option<usize>| if b.pairs.is_some() { len } else { Some(0) };
@@ -175,6 +179,11 @@ impl Scratch {
             words(Some(rows)),                  // hi
             f32s(Some(rows)),                   // alibi_dist
             f32s(Some(rows)),                   // alibi_slope
+            f32s(if b.by_channels() {
+                Some(0)
+            } else {
+                b.kv_block.checked_mul(b.panel())
+            }), // v_panel
             f32s(if pack_k {
                 b.kv_block.checked_mul(b.d_k)
             } else {
@@ -216,7 +225,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, k, v, v_row, non_finite, scales, pair_qt, pair_k, pair_v, pair_p] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, v_panel, k, v, v_row, non_finite, scales, pair_qt, pair_k, pair_v, pair_p] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -235,6 +244,7 @@ impl Scratch {
                 hi: zeroed(&hi)?,
                 alibi_dist: aligned(&alibi_dist)?,
                 alibi_slope: aligned(&alibi_slope)?,
+                v_panel: aligned(&v_panel)?,
             },
             kv: KvBuffers {
                 k: aligned(&k)?,

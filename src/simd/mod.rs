@@ -355,6 +355,19 @@ impl Geometry {
             tile: S::TILE,
         }
     }
+
+    /// The smallest number of keys that is both whole score tiles and whole vectors of lanes
+    /// (24 on AVX2 and the portable backend, 48 on AVX-512): the step of key block sizes.
+    pub fn key_step(self) -> usize {
+        const fn gcd(a: usize, b: usize) -> usize {
+            if b == 0 {
+                a
+            } else {
+                gcd(b, a % b)
+            }
+        }
+        self.tile * self.lanes / gcd(self.tile, self.lanes)
+    }
 }
 
 /// The backend this process uses: the widest one the CPU supports, unless the environment
