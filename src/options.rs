@@ -69,24 +69,24 @@ impl Alignment {
 /// Every combination runs in the fused kernel; none falls back to a slower path. Options that
 /// borrow data (key lengths, bias, mask, slopes, sinks) tie the options to that data's
 /// lifetime `'a`. Values are checked when the call runs, which returns a typed
-/// [`Error`](crate::Error) for anything invalid, before anything is written.
+/// [`Error`] for anything invalid, before anything is written.
 ///
 /// # Errors
 /// Every entry point that takes options ([`attention`](crate::attention),
 /// [`attention_lse`](crate::attention_lse), the [`reference`](crate::reference) functions)
 /// returns, for invalid options:
-/// * [`Error::InvalidScale`](crate::Error::InvalidScale): a NaN or infinite scale;
-/// * [`Error::InvalidSoftcap`](crate::Error::InvalidSoftcap): a softcap that is NaN, infinite,
+/// * [`Error::InvalidScale`]: a NaN or infinite scale;
+/// * [`Error::InvalidSoftcap`]: a softcap that is NaN, infinite,
 ///   not positive, subnormal (below `f32::MIN_POSITIVE`, where `2/cap` overflows) or so large
 ///   that `cap·log₂e` overflows (above ≈ 2.36e38);
-/// * [`Error::LengthMismatch`](crate::Error::LengthMismatch): `kv_lens` without one entry per
+/// * [`Error::LengthMismatch`]: `kv_lens` without one entry per
 ///   batch, ALiBi slopes or sinks without one entry per query head;
-/// * [`Error::InvalidValue`](crate::Error::InvalidValue): `kv_lens[b] > n_kv`; a slope that is
+/// * [`Error::InvalidValue`]: `kv_lens[b] > n_kv`; a slope that is
 ///   not finite or whose `|slope|·log₂e` overflows (above ≈ 2.36e38); a sink that is NaN, `+∞`,
 ///   or finite with `|σ|·log₂e` overflowing (`σ = −∞` disables the sink and is fine);
-/// * [`Error::NotBroadcastable`](crate::Error::NotBroadcastable): a bias or mask whose dims
+/// * [`Error::NotBroadcastable`]: a bias or mask whose dims
 ///   neither match `[batch, n_q, heads, n_kv]` nor are 1;
-/// * [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment): causal, window and
+/// * [`Error::ConflictingAlignment`]: causal, window and
 ///   ALiBi given different alignments.
 ///
 /// ```
@@ -124,7 +124,7 @@ impl<'a> Options<'a> {
     }
 
     /// Multiply `Q·Kᵀ` by `scale` instead of `1/√d_k`. Must be finite
-    /// ([`Error::InvalidScale`](crate::Error::InvalidScale) otherwise).
+    /// ([`Error::InvalidScale`] otherwise).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
         self
@@ -143,7 +143,7 @@ impl<'a> Options<'a> {
     /// side unbounded. Key blocks
     /// entirely outside the window are skipped, so the cost grows as `n_q · (left + right)`,
     /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an
-    /// [`Error::ConflictingAlignment`](crate::Error::ConflictingAlignment).
+    /// [`Error::ConflictingAlignment`].
     pub fn sliding_window(mut self, left: usize, right: usize, alignment: Alignment) -> Self {
         self.window = Some(Window {
             left,
@@ -207,7 +207,7 @@ impl<'a> Options<'a> {
 
     /// The scales of 8-bit (`i8`) keys and values, which the kernel dequantizes as
     /// `k = k_i8 · k_scales[…]`, `v = v_i8 · v_scales[…]` (required with `i8` K/V, an
-    /// [`Error::KvScales`](crate::Error::KvScales) with other types). Each is a view
+    /// [`Error::KvScales`] with other types). Each is a view
     /// that broadcasts against its tensor's dims — K's `[dim 0, dim 1, H_kv, d_k]` (for a
     /// dense cache `[B, n_kv, …]`, packed `[1, total_kv, …]`, paged
     /// `[num_pages, page_size, …]`), V's alike with `d_v`: a dim of size 1 (or stride 0)
