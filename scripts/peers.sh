@@ -7,6 +7,7 @@
 #   scripts/peers.sh --quick          smoke run: small grid, few repetitions (about a minute after setup)
 #   scripts/peers.sh --setup          only create or check the Python environment, then exit
 #   scripts/peers.sh --extra [...]    also install the optional peers, OpenVINO and ggml (a few minutes)
+#   scripts/peers.sh --rounds N [...] N alternated rounds per shape (default 1; see Drift below)
 #
 # Everything it needs is in this repository: scripts/peers_setup.sh makes the Python environment,
 # scripts/peer_time.py times the peers, scripts/peers_table.py makes the table. Environment:
@@ -14,9 +15,8 @@
 # onnxruntime, onnx and numpy (and, after --extra, openvino and ggml); it is created on first use
 # (about 3 GB from PyPI, a few minutes) and reused while it imports. Optional peers that are not
 # installed are skipped with a message. SDPA_PEERS_OUT (default target/peers) receives
-# results.jsonl (every JSON line, schema in docs/bench-schema.md, plus "round": 1 or 2 for the
-# sdpa runs before and after the peers, and "max_abs_diff" of each peer against torch math) and
-# table.md.
+# results.jsonl (every JSON line, schema in docs/bench-schema.md, plus "round", and
+# "max_abs_diff" of each peer against torch math) and table.md.
 #
 # Grid (full): B=1, H=8, n_q = n_kv in {512, 2048, 4096}, d in {64, 128}, causal and not,
 # threads 1 and 2; short prompts: B=4, H=32, n_q = n_kv in {128, 256}, d in {64, 128}, causal and
@@ -24,10 +24,12 @@
 # (with one query row, bottom-right causal hides nothing; PyTorch's is_causal is top-left and
 # would hide all but key 0, so no causal decode row is timed).
 #
-# Drift: per shape and thread count the runs go sdpa, peers, sdpa, and sdpa's figure is the
-# median of its two runs' medians, so a drift of the machine's speed that is linear over the
-# few seconds of one shape cancels. GFLOP/s = 4·B·H·n_q·n_kv·d / s, the full unmasked work even
-# when causal (docs/bench-schema.md).
+# Drift: per shape and thread count the runs go sdpa, then N times (peers, sdpa), with
+# --rounds N (default 1: sdpa, peers, sdpa). Each kernel's figure is the median of its runs'
+# medians (sdpa: N + 1 runs tagged round 0 .. N; each peer: N runs tagged 1 .. N), so a drift
+# of the machine's speed over the seconds of one shape cancels, and with N ≥ 3 one slow run of
+# a shared VM no longer decides a ratio. GFLOP/s = 4·B·H·n_q·n_kv·d / s, the full unmasked
+# work even when causal (docs/bench-schema.md).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,13 +37,24 @@ root=$(cd "$here/.." && pwd)
 venv=${SDPA_PEERS_VENV:-$HOME/.cache/sdpa-peers}
 out_dir=${SDPA_PEERS_OUT:-$root/target/peers}
 mode=full
+rounds=1
 setup_args=()
-for arg in "$@"; do
+while [ $# -gt 0 ]; do
+  arg=$1
+  shift
   case $arg in
+    --rounds)
+      rounds=${1:-}
+      shift || true
+      if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+        echo "peers.sh: --rounds needs a whole number ≥ 1 (got '$rounds')" >&2
+        exit 2
+      fi
+      ;;
     --quick) mode=quick ;;
     --setup) mode=setup ;;
     --extra) setup_args+=(--extra) ;;
-    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "peers.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -100,9 +113,11 @@ for shape in "${shapes[@]}"; do
     echo "peers: [$((SECONDS - started)) s] b=$b h=$h hkv=$hkv nq=$nq nkv=$nkv d=$d causal=$c threads=$t reps=$reps" >&2
     # Every library gets the same thread count (torch and ORT also read these at start).
     export OMP_NUM_THREADS=$t MKL_NUM_THREADS=$t
-    "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 1 >>"$results"
-    "$py" "$here/peer_time.py" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 1 >>"$results"
-    "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 2 >>"$results"
+    "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag 0 >>"$results"
+    for ((r = 1; r <= rounds; r++)); do
+      "$py" "$here/peer_time.py" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag "$r" >>"$results"
+      "$bench" "${args[@]}" --threads "$t" | "$py" "$here/peers_table.py" --tag "$r" >>"$results"
+    done
   done
 done
 echo "peers: grid done in $((SECONDS - started)) s" >&2
