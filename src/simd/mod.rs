@@ -312,8 +312,8 @@ impl RowStream {
     }
 }
 
-/// Asks the CPU to load the cache line holding `p` into its L2 (and L3): a hint that reads
-/// nothing, so any address is fine.
+/// Asks the CPU to load the cache line holding `p` into its L2 (and L3; AMD cores before Zen 4
+/// fill their L1 too): a hint that reads nothing, so any address is fine.
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
