@@ -107,14 +107,14 @@ def table():
     print()
     print("GFLOP/s = 4·B·H·n_q·n_kv·d / median seconds / 1e9 (full unmasked work, also when causal);"
           " B=1, H=8 unless noted; decode rows: H=32, H_kv=8 (ORT MHA has no grouped-query form).")
-    counts = sorted({len(e) for kernels in runs.values() for k, e in kernels.items()
-                     if k == "sdpa" and isinstance(e, list)})
-    peer_counts = sorted({len(e) for kernels in runs.values() for k, e in kernels.items()
-                          if k != "sdpa" and isinstance(e, list)})
-    if counts and peer_counts:
-        print(f"Each figure: the median over runs of one shape (sdpa {'/'.join(map(str, counts))}"
-              f" runs, each peer {'/'.join(map(str, peer_counts))}), alternated as scripts/peers.sh"
-              " describes.")
+    def run_counts(ours):  # the numbers of runs behind sdpa's (ours) or the peers' figures
+        return "/".join(str(n) for n in sorted({
+            len(entry) for kernels in runs.values() for kernel, entry in kernels.items()
+            if (kernel == "sdpa") == ours and isinstance(entry, list)}))
+
+    if run_counts(True) and run_counts(False):
+        print(f"Each figure: the median over runs of one shape (sdpa {run_counts(True)} runs, each"
+              f" peer {run_counts(False)}), alternated as scripts/peers.sh describes.")
     for e in errors:
         print(f"- {e}")
 
