@@ -54,7 +54,8 @@ while [ $# -gt 0 ]; do
     --quick) mode=quick ;;
     --setup) mode=setup ;;
     --extra) setup_args+=(--extra) ;;
-    -h | --help) sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    # The help is the comment block at the top of this file, whatever its length.
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "peers.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
