@@ -24,7 +24,8 @@ extra=0
 for arg in "$@"; do
   case $arg in
     --extra) extra=1 ;;
-    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    # The help is the comment block at the top of this file, whatever its length.
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "peers_setup.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
