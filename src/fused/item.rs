@@ -390,11 +390,19 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
 
 /// Writes `scales[j]` to the entries of `rows` of key `j` in `factors` (laid out like Sᵀ,
 /// leading dimension `ld_s`), for every `j`: the per-key scales of one head's 8-bit rows read
-/// in place, spread so that [`apply_factors`] multiplies whole vectors of rows.
+/// in place, spread so that [`apply_factors`] multiplies whole vectors of rows. Written four
+/// entries at a time: a head's rows are few (decode: `n_q · group`, often exactly four), and
+/// `fill` on a slice of unknown length compiled to a loop of scalar stores, 8% of an i8 decode
+/// step in `perf` (Zen 4, 2026-12-04); in fours it is one 16-byte store per key.
 #[inline(always)]
 fn spread_factors(scales: &[f32], rows: Range<usize>, ld_s: usize, factors: &mut [f32]) {
     for (j, &x) in scales.iter().enumerate() {
-        factors[j * ld_s..][rows.clone()].fill(x);
+        let row = &mut factors[j * ld_s..][rows.clone()];
+        let mut quads = row.chunks_exact_mut(4);
+        for quad in &mut quads {
+            quad.copy_from_slice(&[x; 4]);
+        }
+        quads.into_remainder().fill(x);
     }
 }
 
