@@ -20,11 +20,15 @@
 //! i8 caches come with per-(token, kv head) scales (`Options::kv_scales`), whose bytes are
 //! counted as K/V bytes.
 //!
+//! `bf16p` is a bf16 cache read by bf16 dot products (`Options::bf16_products`; AVX512_BF16),
+//! which take bf16 Q too: Q is then bf16 (the output stays f32).
+//!
 //! `--batched` adds B = 8 sequences of 1k…32k live keys in `[8, 32768, H_kv, d]` buffers
 //! (`kv_lens`), counting only the live keys' bytes.
 //!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5), `--gib X`,
-//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16,i8`, `--batched`, `--bhsd`
+//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16,i8` (and `bf16p`),
+//! `--batched`, `--bhsd`
 //! (caches laid out `[B, H_kv, n_kv, d]` instead of `[B, n_kv, H_kv, d]`).
 
 use sdpa::half::{bf16, f16};
@@ -167,8 +171,24 @@ fn scale_views(scales: &[f32], batch: usize, keys: usize, bhsd: bool) -> Tensor<
     }
 }
 
-/// Layers of `n_kv`-key caches of type `T` filling `gib`: prints one line.
-fn layers<T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32]) {
+/// Q of type `Q` and the options: bf16 dot products where `Q` is bf16 (`bf16p`).
+fn query<Q: Element>(n: usize) -> (Vec<Q>, Options<'static>) {
+    let q = values(n, 3).iter().map(|&x| Q::from_f32(x)).collect();
+    let opts = if Q::NAME == "bf16" {
+        Options::new().bf16_products()
+    } else {
+        Options::new()
+    };
+    (q, opts)
+}
+
+/// The name a line is printed under: the cache type, `bf16p` with bf16 products.
+fn label<Q: Element, T: Cache>() -> String {
+    format!("{}{}", T::NAME, if Q::NAME == "bf16" { "p" } else { "" })
+}
+
+/// Layers of `n_kv`-key caches of type `T` filling `gib`, Q of type `Q`: prints one line.
+fn layers<Q: Element, T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32]) {
     let per_layer = n_kv * H_KV * D;
     // i8: the scales (4 bytes per token and kv head, of K and of V) are read too.
     let scale_bytes = if T::QUANTIZED { 2 * n_kv * H_KV * 4 } else { 0 };
@@ -191,11 +211,10 @@ fn layers<T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32
     let scales: Vec<Vec<f32>> = (0..n_layers * usize::from(T::QUANTIZED))
         .map(|_| vec![1.0 / 127.0; n_kv * H_KV])
         .collect();
-    let q = values(H * D, 3);
+    let (q, plain) = query::<Q>(H * D);
     let mut out = vec![0.0f32; H * D];
     let mut ws = Workspace::new();
     let qv = Tensor::bshd(&q, [1, 1, H, D]).unwrap();
-    let plain = Options::new();
     let bytes = (n_layers * layer_bytes) as f64;
     let (sdpa, read) = compare(
         rounds,
@@ -224,8 +243,8 @@ fn layers<T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32
         buf,
     );
     println!(
-        "{:>4} n_kv {n_kv:>6} × {n_layers:>3} layers ({:.2} GB): sdpa {sdpa:5.2} GB/s ({:.2} ms/step), read {read:5.2} GB/s, sdpa/read {:.2}",
-        T::NAME,
+        "{:>5} n_kv {n_kv:>6} × {n_layers:>3} layers ({:.2} GB): sdpa {sdpa:5.2} GB/s ({:.2} ms/step), read {read:5.2} GB/s, sdpa/read {:.2}",
+        label::<Q, T>(),
         bytes / 1e9,
         bytes / sdpa / 1e6,
         sdpa / read
@@ -233,7 +252,7 @@ fn layers<T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32
 }
 
 /// B = 8 sequences of different live lengths in one call.
-fn batched<T: Cache>(rounds: usize, buf: &[f32]) {
+fn batched<Q: Element, T: Cache>(rounds: usize, buf: &[f32]) {
     let lens = [1024usize, 32768, 2048, 16384, 4096, 24576, 8192, 12288];
     let (b, max_len) = (lens.len(), 32768);
     let row = H_KV * D;
@@ -247,14 +266,14 @@ fn batched<T: Cache>(rounds: usize, buf: &[f32]) {
         all
     };
     let (k, v) = (fill(), fill());
-    let q = values(b * H * D, 3);
+    let (q, opts) = query::<Q>(b * H * D);
     let mut out = vec![0.0f32; b * H * D];
     let mut ws = Workspace::new();
     let qv = Tensor::bshd(&q, [b, 1, H, D]).unwrap();
     let kt = Tensor::bshd(&k, [b, max_len, H_KV, D]).unwrap();
     let vt = Tensor::bshd(&v, [b, max_len, H_KV, D]).unwrap();
     let scales = vec![1.0f32 / 127.0; b * max_len * H_KV];
-    let mut opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
+    let mut opts = opts.causal(Alignment::BottomRight).kv_lens(&lens);
     if T::QUANTIZED {
         let sv = scale_views(&scales, b, max_len, false);
         opts = opts.kv_scales(sv, sv);
@@ -272,8 +291,8 @@ fn batched<T: Cache>(rounds: usize, buf: &[f32]) {
         buf,
     );
     println!(
-        "{:>4} batched B = 8, 1k-32k keys ({:.2} GB live): sdpa {sdpa:5.2} GB/s, read {read:5.2} GB/s, sdpa/read {:.2}",
-        T::NAME,
+        "{:>5} batched B = 8, 1k-32k keys ({:.2} GB live): sdpa {sdpa:5.2} GB/s, read {read:5.2} GB/s, sdpa/read {:.2}",
+        label::<Q, T>(),
         bytes / 1e9,
         sdpa / read
     );
@@ -323,19 +342,21 @@ fn main() {
         for ty in &types {
             for &n_kv in &n_kvs {
                 match ty.as_str() {
-                    "f32" => layers::<f32>(rounds, gib, n_kv, bhsd, &buf),
-                    "f16" => layers::<f16>(rounds, gib, n_kv, bhsd, &buf),
-                    "bf16" => layers::<bf16>(rounds, gib, n_kv, bhsd, &buf),
-                    "i8" => layers::<i8>(rounds, gib, n_kv, bhsd, &buf),
+                    "f32" => layers::<f32, f32>(rounds, gib, n_kv, bhsd, &buf),
+                    "f16" => layers::<f32, f16>(rounds, gib, n_kv, bhsd, &buf),
+                    "bf16" => layers::<f32, bf16>(rounds, gib, n_kv, bhsd, &buf),
+                    "bf16p" => layers::<bf16, bf16>(rounds, gib, n_kv, bhsd, &buf),
+                    "i8" => layers::<f32, i8>(rounds, gib, n_kv, bhsd, &buf),
                     other => panic!("unknown type {other}"),
                 }
             }
             if with_batched {
                 match ty.as_str() {
-                    "f32" => batched::<f32>(rounds, &buf),
-                    "f16" => batched::<f16>(rounds, &buf),
-                    "i8" => batched::<i8>(rounds, &buf),
-                    _ => batched::<bf16>(rounds, &buf),
+                    "f32" => batched::<f32, f32>(rounds, &buf),
+                    "f16" => batched::<f32, f16>(rounds, &buf),
+                    "i8" => batched::<f32, i8>(rounds, &buf),
+                    "bf16p" => batched::<bf16, bf16>(rounds, &buf),
+                    _ => batched::<f32, bf16>(rounds, &buf),
                 }
             }
         }

@@ -11,7 +11,7 @@
 //!   of one sequence equals the dense call bitwise.
 //! * Errors: invalid tables and offsets are typed errors and nothing is written.
 
-use sdpa::half::f16;
+use sdpa::half::{bf16, f16};
 use sdpa::{
     Alignment, Element, Error, Operand, Options, PackedKv, PagedKv, Tensor, TensorMut, VarlenKv,
 };
@@ -179,22 +179,24 @@ fn to<T: Element>(x: &[f32]) -> Vec<T> {
 }
 
 fn paged_matches_dense<KV: Element>(page_size: usize, n_q: usize, head_major: bool) {
-    paged_matches_dense_at::<KV>(3, 260, page_size, n_q, head_major)
+    paged_matches_dense_at::<f32, KV>(3, 260, page_size, n_q, head_major, false)
 }
 
-/// [`paged_matches_dense`] with `b` sequences of about `keys` keys.
-fn paged_matches_dense_at<KV: Element>(
+/// [`paged_matches_dense`] with `b` sequences of about `keys` keys, Q of type `Q`, every option
+/// set with [`Options::bf16_products`] too if `bf16_products`.
+fn paged_matches_dense_at<Q: Element, KV: Element>(
     b: usize,
     keys: usize,
     page_size: usize,
     n_q: usize,
     head_major: bool,
+    bf16_products: bool,
 ) {
     let (h, h_kv, d) = (4, 2, 32);
     let pps = keys.div_ceil(page_size);
     let cap = pps * page_size;
     let lens = [cap.min(37), cap.min(250), cap - 1][..b].to_vec();
-    let q = values(b * n_q * h * d, 1);
+    let q = to::<Q>(&values(b * n_q * h * d, 1));
     let mut k = values(b * cap * h_kv * d, 2);
     let mut v = values(b * cap * h_kv * d, 3);
     let paged = page_out(
@@ -220,6 +222,11 @@ fn paged_matches_dense_at<KV: Element>(
     let kv = PagedKv::new(pool(&k_pool), pool(&v_pool), &paged.table, pps).unwrap();
     let data = OptionData::new([b, n_q, h, cap]);
     for (name, opts) in data.list(Some(&lens), None) {
+        let opts = if bf16_products {
+            opts.bf16_products()
+        } else {
+            opts
+        };
         let n_out = b * n_q * h * d;
         let (mut want, mut want_lse) = (vec![0.0f32; n_out], vec![0.0f32; b * h * n_q]);
         let mut ov = TensorMut::bshd(&mut want, [b, n_q, h, d]).unwrap();
@@ -234,7 +241,8 @@ fn paged_matches_dense_at<KV: Element>(
             pool.install(|| sdpa::attention_paged(&qv, &kv, &mut ov, Some(&mut got_lse), &opts))
                 .unwrap();
             let what = format!(
-                "page {page_size}, n_q {n_q}, head-major {head_major}, {name}, {threads} threads"
+                "page {page_size}, n_q {n_q}, head-major {head_major}, {name}, {threads} threads, \
+                 bf16 products {bf16_products}"
             );
             assert_eq!(bits(&got), bits(&want), "out: {what}");
             assert_eq!(bits(&got_lse), bits(&want_lse), "lse: {what}");
@@ -257,7 +265,13 @@ fn paged_equals_dense_bitwise() {
     paged_matches_dense::<f16>(16, 1, false);
     paged_matches_dense::<f16>(128, 6, true);
     // Decode split over keys (few work items, long sequences).
-    paged_matches_dense_at::<f32>(2, 6000, 16, 1, false);
+    paged_matches_dense_at::<f32, f32>(2, 6000, 16, 1, false, false);
+    // bf16 dot products in decode pair the keys two by two, across page boundaries too (odd
+    // page sizes split pairs): the sums must still be the dense cache's.
+    for (page_size, head_major) in [(3, false), (16, true), (1, false)] {
+        paged_matches_dense_at::<bf16, bf16>(3, 260, page_size, 1, head_major, true);
+    }
+    paged_matches_dense_at::<bf16, bf16>(2, 6000, 16, 1, false, true);
 }
 
 /// A packed batch: query and key lengths per sequence.

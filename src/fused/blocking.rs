@@ -95,8 +95,8 @@ pub(crate) struct Blocking {
     /// The register geometry of the backend that runs the call.
     pub geometry: Geometry,
     /// The bf16 dot-product kernels, when the call's products run on bf16 operands
-    /// ([`Options::bf16_products`](crate::Options::bf16_products), prefill items, a CPU and
-    /// backend that have them); `None`: f32 products.
+    /// ([`Options::bf16_products`](crate::Options::bf16_products), a CPU and backend that
+    /// have them); `None`: f32 products.
     pub pairs: Option<Bf16Dot>,
 }
 
@@ -157,14 +157,12 @@ impl Blocking {
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK)
         };
         debug_assert_eq!(kv_block % geometry.tile, 0);
-        let pairs = if problem.bf16_products
-            && !by_channels(head_rows, geometry)
-            && (geometry.lanes, geometry.tile) == (16, dpbf16::TILE)
-        {
-            bf16_dot()
-        } else {
-            None
-        };
+        let pairs =
+            if problem.bf16_products && (geometry.lanes, geometry.tile) == (16, dpbf16::TILE) {
+                bf16_dot()
+            } else {
+                None
+            };
         Ok(Blocking {
             q_rows,
             group,

@@ -27,7 +27,7 @@ use super::scratch::{KvBuffers, PairBuffers, Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
-use crate::simd::dpbf16::{Bf16Dot, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
+use crate::simd::dpbf16::{Bf16Dot, KeyRows, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
 use crate::simd::{exp2, Kernel, Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 use half::{bf16, f16};
@@ -230,14 +230,15 @@ fn block_loop<S: Simd, KV: KvSource>(
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
             let (bufs, t_ref) = ((&mut **k_buf, &mut **scales), &t);
+            let paired = bl.pairs.map(|bf| (bf, &pairs.qt[..]));
             *tiles += if KV::F16 {
-                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             } else if KV::BF16 {
-                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, bufs, tile, paired)
             } else if KV::I8 && t.int_keys {
-                head_scores::<S, i8, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, i8, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             } else {
-                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, bufs, tile)
+                head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             };
             alibi_distances(cx, item, &t, &block, tile);
             for r0 in (0..t.ld_s).step_by(2 * S::LANES) {
@@ -272,6 +273,8 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
             apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
         }
+        // (bf16 products: the block's weights by key pairs, once for all heads.)
+        let mut weights_paired = false;
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
             // Decode: the next block's V rows of this head are requested while the output
@@ -298,7 +301,18 @@ fn block_loop<S: Simd, KV: KvSource>(
             } else if t.by_channels && KV::BF16 {
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
-                        output_product(s, &t, &block, v, rows, tile, next_v);
+                        match bl.pairs {
+                            Some(bf) => {
+                                if !weights_paired {
+                                    pair_weights(bf, len, t.ld_s, &tile.st, &mut pairs.p);
+                                    weights_paired = true;
+                                }
+                                pair_values_in_place::<S>(
+                                    bf, &t, &block, v, rows, tile, &pairs.p, next_v,
+                                );
+                            }
+                            None => output_product(s, &t, &block, v, rows, tile, next_v),
+                        }
                         continue;
                     }
                 }
@@ -327,7 +341,9 @@ fn block_loop<S: Simd, KV: KvSource>(
 /// converted head by head through `keys` into `k_buf`. 8-bit keys in place (`E` = `i8`) have
 /// their scores multiplied by their scales: read into `scales`, spread over the rows in
 /// `k_buf` ([`spread_factors`]), applied after the last pass. Returns the number of tiles
-/// computed.
+/// computed. `paired`: the bf16 dot products and Q's pair rows ([`pair_queries`]), for bf16
+/// keys in place.
+#[allow(clippy::too_many_arguments)] // one stage's operands
 #[inline(always)]
 fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     s: S,
@@ -337,6 +353,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
     block: &Block,
     (k_buf, scales): (&mut [f32], &mut [f32]),
     tile: &mut TileBuffers,
+    paired: Option<(Bf16Dot, &[f32])>,
 ) -> u64 {
     let head_rows = item.q_len * cx.blocking.group;
     let at = |g: usize| KeyRange {
@@ -373,11 +390,11 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                         let factors = &mut k_buf[keys.start * t.ld_s..];
                         spread_factors(&scales[..keys.len()], rows, t.ld_s, factors);
                     }
-                    scores_by_channels(s, t, block, k, range, tile, next)
+                    scores_by_channels(s, t, block, k, range, tile, next, paired)
                 }
                 None => {
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, next)
+                    scores_by_channels(s, t, block, k, range, tile, next, None)
                 }
             };
         }
@@ -561,10 +578,18 @@ fn transpose_rows<S: Simd, E: Lanes>(
     }
 }
 
-/// The f32 Qᵀ panels by channel pairs, rounded to bf16 for [`Bf16Dot::scores_panel`]: step `p`
-/// of a pair panel holds, for each row, channels `2p` and `2p + 1` (zero past an odd `d_k`).
+/// Q by channel pairs, rounded to bf16: the f32 Qᵀ panels for [`Bf16Dot::scores_panel`] (step
+/// `p` of a pair panel holds, for each row, channels `2p` and `2p + 1`; zero past an odd
+/// `d_k`), or, by channels, Q's rows for [`Bf16Dot::dots`] (row `r` at `pairs[r · ⌈d_k /
+/// 2⌉ ..]`).
 fn pair_queries(bf: Bf16Dot, t: &Tiles, qt: &[f32], pairs: &mut [f32]) {
     let (nr, d, d2) = (PAIR_PANEL, t.d_k, t.d_k.div_ceil(2));
+    if t.by_channels {
+        for r in 0..t.rows {
+            bf.pair_row(&qt[r * d..][..d], &mut pairs[r * d2..][..d2]);
+        }
+        return;
+    }
     for panel in 0..t.rows.div_ceil(nr) {
         let src = &qt[panel * nr * d..][..nr * d];
         let dst = &mut pairs[panel * nr * d2..][..nr * d2];
@@ -1105,15 +1130,9 @@ fn pair_output_product(
 ) {
     let (c, ld_s, d_vp) = (block.len(), t.ld_s, t.d_vp);
     let (nr, mr) = (PAIR_PANEL, PAIR_TILE);
+    pair_weights(bf, c, ld_s, &tile.st, &mut pairs.p);
     for jp in 0..c.div_ceil(2) {
         let (a, b) = (2 * jp, 2 * jp + 1);
-        let st = &tile.st;
-        let second = (b < c).then(|| &st[b * ld_s..][..ld_s]);
-        bf.interleave(
-            &st[a * ld_s..][..ld_s],
-            second,
-            &mut pairs.p[jp * ld_s..][..ld_s],
-        );
         let second = (b < c).then(|| values.row(b, d_vp));
         bf.interleave(
             values.row(a, d_vp),
@@ -1145,6 +1164,82 @@ fn pair_output_product(
                 d_vp,
             );
         }
+    }
+}
+
+/// Columns `col .. col + width` of bf16 rows, as [`Bf16Dot`]'s decode kernels read them.
+struct Columns<'s> {
+    rows: Rows<'s, bf16>,
+    col: usize,
+    width: usize,
+}
+
+impl KeyRows for Columns<'_> {
+    #[inline(always)]
+    fn row(&self, j: usize) -> &[bf16] {
+        &self.rows.row(j, self.col + self.width)[self.col..]
+    }
+}
+
+/// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 ([`Bf16Dot::interleave`]): pair `jp`
+/// at `p[jp · ld_s ..]` holds each row's weights of keys `2jp` and `2jp + 1` (0 past `c`).
+fn pair_weights(bf: Bf16Dot, c: usize, ld_s: usize, st: &[f32], p: &mut [f32]) {
+    for jp in 0..c.div_ceil(2) {
+        let (a, b) = (2 * jp, 2 * jp + 1);
+        let second = (b < c).then(|| &st[b * ld_s..][..ld_s]);
+        bf.interleave(&st[a * ld_s..][..ld_s], second, &mut p[jp * ld_s..][..ld_s]);
+    }
+}
+
+/// [`output_product`] with bf16 dot products for decode's bf16 V rows read in place
+/// ([`Bf16Dot::output_in_place`]), the weights already paired ([`pair_weights`] into
+/// `p_pairs`): one row group (a kv head's rows are at most `LANES / 2`), panels as wide as
+/// [`panel_vecs`] allows. The rows are found one by one ([`Rows::row`]), not by runs of
+/// adjacent rows as in [`row_groups`]: a pair split between two pages is then still one pair,
+/// so a paged cache gives the same sums as a dense one.
+#[allow(clippy::too_many_arguments)] // one stage's operands
+#[inline(always)]
+fn pair_values_in_place<S: Simd>(
+    bf: Bf16Dot,
+    t: &Tiles,
+    block: &Block,
+    values: Rows<'_, bf16>,
+    rows: Range<usize>,
+    tile: &mut TileBuffers,
+    p_pairs: &[f32],
+    next: Option<RowStream>,
+) {
+    let range = if block.seen_by_all {
+        Some((0, block.len()))
+    } else {
+        union_range(
+            &tile.lo[rows.clone()],
+            &tile.hi[rows.clone()],
+            block.j0,
+            block.j1,
+        )
+    };
+    let Some((glo, ghi)) = range else {
+        return;
+    };
+    let nr = panel_vecs::<S>(rows.len(), true) * S::LANES;
+    for col in (0..t.d_vp).step_by(nr) {
+        let width = (t.d_vp - col).min(nr);
+        bf.output_in_place(
+            &p_pairs[rows.start..],
+            t.ld_s,
+            (glo, ghi),
+            Columns {
+                rows: values,
+                col,
+                width,
+            },
+            (rows.len(), width / S::LANES),
+            &tile.alpha[rows.clone()],
+            &mut tile.o[rows.start * t.d_vp + col..],
+            t.d_vp,
+            next.map(|n| n.columns(col, width, t.d_vp)),
+        );
     }
 }
 
@@ -1266,7 +1361,9 @@ fn score_keys<S: Simd>(
 
 /// The dot products of the stacked `rows` (those of one kv head, at most `LANES / 2`; Q packed
 /// as rows) with the block's `keys` in `of_block` (relative to the block), over those some of
-/// the rows sees, with [`dot_tile`] into Sᵀ. Returns the number of tiles computed.
+/// the rows sees, with [`dot_tile`] into Sᵀ, or with [`Bf16Dot::dots`] for bf16 keys when
+/// `paired` gives the instruction and Q's pair rows. Returns the number of tiles computed.
+#[allow(clippy::too_many_arguments)] // one stage's operands
 #[inline(always)]
 fn scores_by_channels<S: Simd, E: Lanes>(
     s: S,
@@ -1276,6 +1373,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
     next: Option<RowStream>,
+    paired: Option<(Bf16Dot, &[f32])>,
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -1286,8 +1384,23 @@ fn scores_by_channels<S: Simd, E: Lanes>(
         return 0;
     };
     let range = (of_block.start + lo, of_block.start + hi);
-    let q = &tile.qt[rows.start * t.d_k..rows.end * t.d_k];
     let st = &mut tile.st[rows.start..];
+    if let Some((bf, qp)) = paired {
+        if let Some(data) = E::as_bf16(keys.data()) {
+            let d2 = t.d_k.div_ceil(2);
+            let q = &qp[rows.start * d2..rows.end * d2];
+            let keys = keys.retype(data);
+            // (The same tiles as `dots`.)
+            let shape = (t.d_k, rows.len(), dot_keys::<S>(rows.len()));
+            let keys = Columns {
+                rows: keys,
+                col: 0,
+                width: t.d_k,
+            };
+            return bf.dots(keys, range, q, shape, st, t.ld_s, next);
+        }
+    }
+    let q = &tile.qt[rows.start * t.d_k..rows.end * t.d_k];
     macro_rules! rows {
         ($($rows:literal)*) => {
             match rows.len() {

@@ -12,7 +12,7 @@ use half::{bf16, f16};
 
 /// Proof that the running CPU supports AVX-512F and AVX-512VL (and FMA, which AVX-512F implies
 /// for 512-bit vectors): the only constructor is [`Avx512::detect`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Avx512 {
     _proof: (),
 }

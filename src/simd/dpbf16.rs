@@ -29,6 +29,15 @@ pub(crate) use imp::Bf16Dot;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) use stub::Bf16Dot;
 
+/// Where the bf16 K or V rows that decode's kernels read as stored lie: `row(j)` is key `j`'s
+/// row (at least as long as the kernel reads). Its implementations are `#[inline(always)]`, so
+/// that finding a row compiles into the kernel's loop: a call there would make the compiler
+/// spill the register tile around it.
+pub(crate) trait KeyRows {
+    /// Key `j`'s row.
+    fn row(&self, j: usize) -> &[half::bf16];
+}
+
 /// Rows per score panel and per output row group: two vectors of 16 lanes, and the tile
 /// height (the AVX-512 backend's geometry, which this path runs under).
 pub(crate) const PANEL: usize = 32;
@@ -37,14 +46,17 @@ pub(crate) const TILE: usize = 12;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::{PANEL, TILE};
+    use super::{KeyRows, PANEL, TILE};
+    use crate::simd::{Avx512, RowStream, Simd};
     use core::arch::x86_64::*;
+    use half::bf16;
 
     /// Proof that the running CPU has AVX-512F, BW, VL and BF16: the only constructor is
-    /// [`Bf16Dot::detect`].
+    /// [`Bf16Dot::detect`]. (It holds the AVX-512 lanes' own token, whose lane sums the decode
+    /// dot tile uses.)
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub(crate) struct Bf16Dot {
-        _proof: (),
+        lanes: Avx512,
     }
 
     /// Lane `i` of the result: 16-bit word `i / 2` of `a`'s half if `i` is even, of `b`'s if odd
@@ -75,11 +87,9 @@ mod imp {
     impl Bf16Dot {
         /// The token, if the CPU has the features (`std` caches the CPUID queries).
         pub fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512bf16"))
-            .then_some(Self { _proof: () })
+            let lanes = Avx512::detect()?;
+            (is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"))
+                .then_some(Self { lanes })
         }
 
         /// `dst[i] = bf16(a[i]) | bf16(b[i]) << 16` for `i < dst.len()` (a multiple of 16),
@@ -181,6 +191,104 @@ mod imp {
                     alpha.as_ptr(),
                     o.as_mut_ptr(),
                     ld_o,
+                )
+            }
+        }
+        /// Decode's scores by channels (the tiles of [`crate::microkernel::dot_tile`] on bf16
+        /// products): `st[j · ld_s + r] = Σ_c k_j[c] · q[r][c]` for the keys `j ∈ [lo, hi)`
+        /// and rows `r < rows` (≤ 8), channels `c < d`, in tiles of `keys` keys (1, 2 or 4,
+        /// `keys · rows ≤ 16`), then one key at a time. `key.row(j)` is key `j`'s row, bf16 as
+        /// stored (at least `d` values), whose consecutive channels already are the pairs; Q
+        /// rows are pair rows ([`Bf16Dot::pair_row`]), `⌈d / 2⌉` words each, row `r` at
+        /// `q[r · ⌈d / 2⌉ ..]`. The channels past the last whole 32 are read with masked
+        /// loads. `next` is requested as the keys are read. Returns the number of tiles.
+        #[allow(clippy::too_many_arguments)] // one stage's operands
+        pub fn dots(
+            self,
+            key: impl KeyRows,
+            (lo, hi): (usize, usize),
+            q: &[f32],
+            (d, rows, keys): (usize, usize, usize),
+            st: &mut [f32],
+            ld_s: usize,
+            next: Option<RowStream>,
+        ) -> u64 {
+            if lo >= hi {
+                return 0;
+            }
+            assert!(matches!(keys, 1 | 2 | 4) && (1..=16 / keys).contains(&rows));
+            assert!(q.len() >= rows * d.div_ceil(2) && (hi - 1) * ld_s + rows <= st.len());
+            macro_rules! tiles {
+                ($(($keys:literal, $rows:literal))*) => {
+                    match (keys, rows) {
+                        $(($keys, $rows) => dots::<$keys, $rows>(
+                            self.lanes, &key, (lo, hi), q.as_ptr(), d, st.as_mut_ptr(), ld_s,
+                            next,
+                        ),)*
+                        _ => unreachable!("checked above"),
+                    }
+                };
+            }
+            // SAFETY: the token proves the features; Q holds `rows` pair rows and `st` the
+            // scores (checked above; K's rows are checked as they are read).
+            unsafe {
+                tiles!(
+                    (4, 1)(4, 2)(4, 3)(4, 4)(2, 1)(2, 2)(2, 3)(2, 4)(2, 5)(2, 6)(2, 7)(2, 8)(1, 1)(
+                        1, 2
+                    )(1, 3)(1, 4)(1, 5)(1, 6)(1, 7)(1, 8)
+                )
+            }
+        }
+
+        /// Decode's output tile on bf16 V rows as stored: `o[r][0 .. w] = alpha[r] · o[r][..] +
+        /// Σ_{j ∈ [lo, hi)} P[j][r] · v[j][..]` for rows `r < rows` (≤ 8) and `w = 16 · vecs`
+        /// channels (`vecs` ≤ 4). `p[(j / 2) · ld_p + r]` holds row `r`'s weights of keys
+        /// `j & !1` and `j | 1` ([`Bf16Dot::interleave`]); `values.row(j)` is key `j`'s V row
+        /// (at least `w` values; rows may lie anywhere, as in a paged cache, so the pairs are the
+        /// same whatever the storage). A key whose pair partner lies outside `[lo, hi)` is
+        /// paired with a zero row. The rows of each pair are interleaved by 16-bit words inside
+        /// 128-bit blocks (one cheap unpack each), so the accumulators hold the channels in
+        /// that order: O is permuted into it on entry and back on exit. `next` is requested as
+        /// the rows are read, like [`crate::microkernel::output_tile`]'s.
+        #[allow(clippy::too_many_arguments)] // one tile's operands
+        pub fn output_in_place(
+            self,
+            p: &[f32],
+            ld_p: usize,
+            (lo, hi): (usize, usize),
+            values: impl KeyRows,
+            (rows, vecs): (usize, usize),
+            alpha: &[f32],
+            o: &mut [f32],
+            ld_o: usize,
+            next: Option<RowStream>,
+        ) {
+            if rows == 0 || lo >= hi {
+                return;
+            }
+            let w = 16 * vecs;
+            assert!((1..=8).contains(&rows) && (1..=4).contains(&vecs) && alpha.len() >= rows);
+            assert!((rows - 1) * ld_o + w <= o.len());
+            assert!(((hi - 1) / 2) * ld_p + rows <= p.len());
+            // Up to 32 channels a step (one chunk), or 64 (two) for at most five rows, whose
+            // accumulators, V pairs and broadcast then fit the 32 registers.
+            assert!(vecs <= 2 || rows <= 5, "{rows} rows × {vecs} vectors");
+            macro_rules! tile {
+                ($(($rows:literal, $chunks:literal))*) => {
+                    match (rows, vecs.div_ceil(2)) {
+                        $(($rows, $chunks) => output_pairs::<$rows, $chunks>(
+                            p.as_ptr(), ld_p, (lo, hi), &values, w,
+                            alpha.as_ptr(), o.as_mut_ptr(), ld_o, next,
+                        ),)*
+                        _ => unreachable!("checked above"),
+                    }
+                };
+            }
+            // SAFETY: the token proves the features; every offset of P and O read or written is
+            // below the bounds checked above (V's rows are checked as they are read).
+            unsafe {
+                tile!(
+                    (1, 1)(2, 1)(3, 1)(4, 1)(5, 1)(6, 1)(7, 1)(8, 1)(1, 2)(2, 2)(3, 2)(4, 2)(5, 2)
                 )
             }
         }
@@ -391,11 +499,230 @@ mod imp {
             }
         }
     }
+    /// Where key `j`'s row starts, checked to hold the `len` values a kernel reads. (A function
+    /// of its own, always inlined: the compiler left a closure doing this out of line, and
+    /// spilled the accumulators around each call.)
+    #[inline(always)]
+    fn row_start(rows: &impl KeyRows, j: usize, len: usize) -> *const bf16 {
+        let r = rows.row(j);
+        assert!(r.len() >= len, "a row shorter than the kernel reads");
+        r.as_ptr()
+    }
+
+    /// See [`Bf16Dot::dots`]. Safety: the features; `q` valid for `ROWS · ⌈d / 2⌉` words,
+    /// `st` for the scores of keys `[lo, hi)`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn dots<const KEYS: usize, const ROWS: usize>(
+        lanes: Avx512,
+        key: &impl KeyRows,
+        (lo, hi): (usize, usize),
+        q: *const f32,
+        d: usize,
+        st: *mut f32,
+        ld_s: usize,
+        next: Option<RowStream>,
+    ) -> u64 {
+        let row = |j| row_start(key, j, d);
+        let mut count = 0;
+        let mut j = lo;
+        while j + KEYS <= hi {
+            if let Some(next) = &next {
+                next.request(j, KEYS);
+            }
+            let mut k = [core::ptr::null(); KEYS];
+            for (t, x) in k.iter_mut().enumerate() {
+                *x = row(j + t);
+            }
+            // SAFETY: the caller's bounds; keys j .. j + KEYS < hi.
+            unsafe { dot_tile::<KEYS, ROWS>(lanes, k, q, d, st.add(j * ld_s), ld_s) };
+            j += KEYS;
+            count += 1;
+        }
+        while j < hi {
+            if let Some(next) = &next {
+                next.request(j, 1);
+            }
+            // SAFETY: as above, key j < hi.
+            unsafe { dot_tile::<1, ROWS>(lanes, [row(j)], q, d, st.add(j * ld_s), ld_s) };
+            j += 1;
+            count += 1;
+        }
+        count
+    }
+
+    /// One tile of [`dots`]: keys `k` (rows of `d` bf16 values) × `ROWS` pair rows of Q into
+    /// `out[t · ld_out + r]`. Safety: the features and the bounds of [`dots`].
+    #[inline(always)]
+    unsafe fn dot_tile<const KEYS: usize, const ROWS: usize>(
+        lanes: Avx512,
+        k: [*const bf16; KEYS],
+        q: *const f32,
+        d: usize,
+        out: *mut f32,
+        ld_out: usize,
+    ) {
+        let d2 = d.div_ceil(2);
+        // Accumulator of key t and row r at `t · ROWS + r`, as the f32 tile's.
+        // SAFETY: the caller's features (AVX-512F).
+        let mut acc = [unsafe { _mm512_setzero_ps() }; 16];
+        let mut c = 0;
+        while c < d {
+            // 32 channels, or the rest: masked-off words read as zero and are never touched.
+            let live = (d - c).min(32);
+            let k_mask = (u64::MAX >> (64 - live)) as __mmask32;
+            let q_mask = (u32::MAX >> (32 - live.div_ceil(2))) as __mmask16;
+            // SAFETY (whole block): the caller's bounds; masked loads do not fault on the
+            // lanes they leave out.
+            unsafe {
+                let mut kv = [_mm512_setzero_si512(); KEYS];
+                for (t, x) in kv.iter_mut().enumerate() {
+                    *x = _mm512_maskz_loadu_epi16(k_mask, k[t].add(c).cast());
+                }
+                for r in 0..ROWS {
+                    let qv = _mm512_maskz_loadu_ps(q_mask, q.add(r * d2 + c / 2));
+                    for (t, x) in kv.iter().enumerate() {
+                        let a = &mut acc[t * ROWS + r];
+                        *a = _mm512_dpbf16_ps(*a, bh(_mm512_castsi512_ps(*x)), bh(qv));
+                    }
+                }
+            }
+            c += 32;
+        }
+        let sums = lanes.reduce_add16(acc, KEYS * ROWS);
+        for t in 0..KEYS {
+            for r in 0..ROWS {
+                // SAFETY: the caller's bounds on `out`.
+                unsafe { *out.add(t * ld_out + r) = sums[t * ROWS + r] };
+            }
+        }
+    }
+
+    /// Lane `4b + m` of the unpacked pairs of block `b` (of four 128-bit blocks) holds channel
+    /// `8b + m` (low unpack) or `8b + 4 + m` (high unpack) of a 32-channel chunk: the sources of
+    /// a chunk's two accumulators in `[channels 0..16 | channels 16..32]`, and back.
+    const TO_PAIRS: [[i32; 16]; 2] = {
+        let mut idx = [[0i32; 16]; 2];
+        let mut lane = 0;
+        while lane < 16 {
+            let (b, m) = (lane as i32 / 4, lane as i32 % 4);
+            idx[0][lane] = 8 * b + m;
+            idx[1][lane] = 8 * b + 4 + m;
+            lane += 1;
+        }
+        idx
+    };
+    const FROM_PAIRS: [[i32; 16]; 2] = {
+        let mut idx = [[0i32; 16]; 2];
+        let mut ch = 0;
+        while ch < 32 {
+            let (b, m) = (ch as i32 / 8, ch as i32 % 8);
+            idx[ch / 16][ch % 16] = if m < 4 { 4 * b + m } else { 16 + 4 * b + m - 4 };
+            ch += 1;
+        }
+        idx
+    };
+
+    /// The V row a key without its pair partner is paired with: as long as two chunks.
+    static ZERO_ROW: [bf16; 64] = [bf16::ZERO; 64];
+
+    /// See [`Bf16Dot::output_in_place`], `CHUNKS` of 32 channels (the last may hold 16).
+    /// Safety: the features and the bounds checked there.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn output_pairs<const ROWS: usize, const CHUNKS: usize>(
+        p: *const f32,
+        ld_p: usize,
+        (lo, hi): (usize, usize),
+        rows: &impl KeyRows,
+        w: usize,
+        alpha: *const f32,
+        o: *mut f32,
+        ld_o: usize,
+        next: Option<RowStream>,
+    ) {
+        // Words of V, and f32s of O, live in each chunk.
+        let mut words = [0usize; CHUNKS];
+        for (ch, n) in words.iter_mut().enumerate() {
+            *n = w.saturating_sub(32 * ch).min(32);
+        }
+        let v_mask = words.map(|n| (u64::MAX >> (64 - n)) as __mmask32);
+        let half = |ch: usize, h: usize| -> __mmask16 {
+            if words[ch] > 16 * h {
+                0xFFFF
+            } else {
+                0
+            }
+        };
+        // SAFETY (whole body): the caller's bounds; masked loads and stores touch only the
+        // lanes they keep.
+        unsafe {
+            let to = TO_PAIRS.map(|x| _mm512_loadu_si512(x.as_ptr().cast()));
+            let from = FROM_PAIRS.map(|x| _mm512_loadu_si512(x.as_ptr().cast()));
+            let mut acc = [[[_mm512_setzero_ps(); 2]; CHUNKS]; ROWS];
+            for (r, a) in acc.iter_mut().enumerate() {
+                let scale = _mm512_set1_ps(*alpha.add(r));
+                for (ch, ac) in a.iter_mut().enumerate() {
+                    let at = o.add(r * ld_o + 32 * ch);
+                    let x0 = _mm512_maskz_loadu_ps(half(ch, 0), at);
+                    let x1 = _mm512_maskz_loadu_ps(half(ch, 1), at.wrapping_add(16));
+                    let (x0, x1) = (_mm512_mul_ps(scale, x0), _mm512_mul_ps(scale, x1));
+                    ac[0] = _mm512_permutex2var_ps(x0, to[0], x1);
+                    ac[1] = _mm512_permutex2var_ps(x0, to[1], x1);
+                }
+            }
+            let row = |j| row_start(rows, j, w);
+            let mut j = lo;
+            while j < hi {
+                // The pair of keys `j & !1`, `j | 1`; a partner outside [lo, hi) is a zero row.
+                let first = j & !1;
+                let zeros = ZERO_ROW.as_ptr();
+                let pa = if first >= lo { row(first) } else { zeros };
+                let pb = if first + 1 < hi {
+                    row(first + 1)
+                } else {
+                    zeros
+                };
+                let mut vv = [[_mm512_setzero_si512(); 2]; CHUNKS];
+                for (ch, x) in vv.iter_mut().enumerate() {
+                    let a = _mm512_maskz_loadu_epi16(v_mask[ch], pa.add(32 * ch).cast());
+                    let b = _mm512_maskz_loadu_epi16(v_mask[ch], pb.add(32 * ch).cast());
+                    x[0] = _mm512_unpacklo_epi16(a, b);
+                    x[1] = _mm512_unpackhi_epi16(a, b);
+                }
+                if let Some(next) = &next {
+                    next.request(j, (first + 2).min(hi) - j);
+                }
+                let pw = p.add((first / 2) * ld_p).cast::<i32>();
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let pr = bh(_mm512_castsi512_ps(_mm512_set1_epi32(*pw.add(r))));
+                    for (ac, x) in a.iter_mut().zip(&vv) {
+                        ac[0] = _mm512_dpbf16_ps(ac[0], pr, bh(_mm512_castsi512_ps(x[0])));
+                        ac[1] = _mm512_dpbf16_ps(ac[1], pr, bh(_mm512_castsi512_ps(x[1])));
+                    }
+                }
+                j = first + 2;
+            }
+            for (r, a) in acc.iter().enumerate() {
+                for (ch, ac) in a.iter().enumerate() {
+                    let at = o.add(r * ld_o + 32 * ch);
+                    let x0 = _mm512_permutex2var_ps(ac[0], from[0], ac[1]);
+                    let x1 = _mm512_permutex2var_ps(ac[0], from[1], ac[1]);
+                    _mm512_mask_storeu_ps(at, half(ch, 0), x0);
+                    _mm512_mask_storeu_ps(at.wrapping_add(16), half(ch, 1), x1);
+                }
+            }
+        }
+    }
 }
 
 /// No AVX512_BF16 off x86-64: the token cannot exist.
 #[cfg(not(target_arch = "x86_64"))]
 mod stub {
+    use super::KeyRows;
+    use crate::simd::RowStream;
+    use half::bf16;
+
     /// Uninhabited: [`Bf16Dot::detect`] always answers `None`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub(crate) enum Bf16Dot {}
@@ -439,6 +766,168 @@ mod stub {
             _: usize,
         ) {
             match self {}
+        }
+        pub fn dots(
+            self,
+            _: impl KeyRows,
+            _: (usize, usize),
+            _: &[f32],
+            _: (usize, usize, usize),
+            _: &mut [f32],
+            _: usize,
+            _: Option<RowStream>,
+        ) -> u64 {
+            match self {}
+        }
+        pub fn output_in_place(
+            self,
+            _: &[f32],
+            _: usize,
+            _: (usize, usize),
+            _: &[bf16],
+            _: usize,
+            _: (usize, usize),
+            _: &[f32],
+            _: &mut [f32],
+            _: usize,
+            _: Option<RowStream>,
+        ) {
+            match self {}
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    //! Decode's two kernels at every shape they are dispatched for, against f64 sums of the
+    //! same bf16 values (whose products are exact): odd head sizes, key ranges that start or
+    //! end inside a pair, and every panel width.
+    use super::{Bf16Dot, KeyRows};
+    use half::bf16;
+
+    fn value(seed: usize) -> bf16 {
+        bf16::from_f32(((seed as f32) * 0.618_034).fract() * 2.0 - 1.0)
+    }
+
+    /// Rows `ld` apart in one slice.
+    struct Strided<'a>(&'a [bf16], usize);
+
+    impl KeyRows for Strided<'_> {
+        fn row(&self, j: usize) -> &[bf16] {
+            &self.0[j * self.1..]
+        }
+    }
+
+    fn close(got: f32, want: f64, magnitude: f64, what: &str) {
+        let err = (f64::from(got) - want).abs();
+        assert!(err <= 1e-6 * magnitude + 1e-30, "{what}: {got} vs {want}");
+    }
+
+    #[test]
+    fn dots_of_every_tile_shape() {
+        let Some(bf) = Bf16Dot::detect() else {
+            return;
+        };
+        for d in [1usize, 31, 32, 37, 64, 128] {
+            let d2 = d.div_ceil(2);
+            let n_keys = 11;
+            let k: Vec<bf16> = (0..n_keys * d).map(|i| value(i + 1)).collect();
+            for (keys, max_rows) in [(4, 4), (2, 8), (1, 8)] {
+                for rows in 1..=max_rows {
+                    let q: Vec<f32> = (0..rows * d).map(|i| value(3 * i + 7).to_f32()).collect();
+                    let mut qp = vec![0.0f32; rows * d2];
+                    for r in 0..rows {
+                        bf.pair_row(&q[r * d..][..d], &mut qp[r * d2..][..d2]);
+                    }
+                    let ld_s = 16;
+                    let mut st = vec![f32::NAN; n_keys * ld_s];
+                    let (lo, hi) = (1, n_keys);
+                    let shape = (d, rows, keys);
+                    let tiles = bf.dots(Strided(&k, d), (lo, hi), &qp, shape, &mut st, ld_s, None);
+                    let n = hi - lo;
+                    assert_eq!(tiles as usize, n / keys + n % keys);
+                    for j in lo..hi {
+                        for r in 0..rows {
+                            let terms = (0..d).map(|c| {
+                                f64::from(k[j * d + c].to_f32()) * f64::from(q[r * d + c])
+                            });
+                            let (sum, mag) =
+                                terms.fold((0.0, 0.0), |(s, m), x| (s + x, m + x.abs()));
+                            let what = format!("d {d}, {keys} keys, {rows} rows, key {j}, row {r}");
+                            close(st[j * ld_s + r], sum, mag, &what);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn output_of_every_panel_and_key_range() {
+        let Some(bf) = Bf16Dot::detect() else {
+            return;
+        };
+        let (n_keys, ld_v, ld_p, ld_o) = (9, 80, 16, 64);
+        let v: Vec<bf16> = (0..n_keys * ld_v).map(|i| value(i + 5)).collect();
+        // Weights of keys (2jp, 2jp + 1) per row, already bf16 values.
+        let p: Vec<f32> = (0..n_keys * ld_p)
+            .map(|i| value(2 * i + 3).to_f32().abs())
+            .collect();
+        let mut pairs = vec![0.0f32; n_keys.div_ceil(2) * ld_p];
+        for jp in 0..n_keys.div_ceil(2) {
+            let second = (2 * jp + 1 < n_keys).then(|| &p[(2 * jp + 1) * ld_p..][..ld_p]);
+            bf.interleave(
+                &p[2 * jp * ld_p..][..ld_p],
+                second,
+                &mut pairs[jp * ld_p..][..ld_p],
+            );
+        }
+        for rows in 1..=8 {
+            for vecs in 1..=(if rows <= 5 { 4 } else { 2 }) {
+                for (lo, hi) in [(0, n_keys), (1, n_keys), (1, 8), (3, 4), (2, 3)] {
+                    let w = 16 * vecs;
+                    let o0: Vec<f32> = (0..rows * ld_o).map(|i| value(i + 11).to_f32()).collect();
+                    let alpha: Vec<f32> = (0..rows).map(|r| 0.5 + r as f32 * 0.25).collect();
+                    let mut o = o0.clone();
+                    let shape = (rows, vecs);
+                    let vr = Strided(&v, ld_v);
+                    bf.output_in_place(
+                        &pairs,
+                        ld_p,
+                        (lo, hi),
+                        vr,
+                        shape,
+                        &alpha,
+                        &mut o,
+                        ld_o,
+                        None,
+                    );
+                    for r in 0..rows {
+                        for c in 0..ld_o {
+                            let what = format!(
+                                "{rows} rows, {vecs} vecs, keys {lo}..{hi}, row {r}, ch {c}"
+                            );
+                            if c >= w {
+                                assert_eq!(
+                                    o[r * ld_o + c].to_bits(),
+                                    o0[r * ld_o + c].to_bits(),
+                                    "{what}"
+                                );
+                                continue;
+                            }
+                            let mut sum = f64::from(alpha[r]) * f64::from(o0[r * ld_o + c]);
+                            let mut mag = sum.abs();
+                            for j in lo..hi {
+                                let x = f64::from(p[j * ld_p + r])
+                                    * f64::from(v[j * ld_v + c].to_f32());
+                                sum += x;
+                                mag += x.abs();
+                            }
+                            close(o[r * ld_o + c], sum, mag, &what);
+                        }
+                    }
+                }
+            }
         }
     }
 }

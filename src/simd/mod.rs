@@ -134,6 +134,10 @@ pub(crate) trait Lanes: Copy + Send + Sync + 'static {
     fn of_i8(_: &[i8]) -> Option<&[Self]> {
         None
     }
+    /// `x` itself if this type is `bf16` (the rows [`dpbf16::Bf16Dot`] reads as stored).
+    fn as_bf16(_: &[Self]) -> Option<&[bf16]> {
+        None
+    }
     /// The first `S::LANES` elements of `x` as f32 lanes (exact).
     fn load<S: Simd>(s: S, x: &[Self]) -> S::V;
     /// The value as f32 (exact).
@@ -175,6 +179,10 @@ impl Lanes for bf16 {
     #[inline(always)]
     fn of<T: Element>(x: &[T]) -> Option<&[bf16]> {
         T::as_bf16(x)
+    }
+    #[inline(always)]
+    fn as_bf16(x: &[bf16]) -> Option<&[bf16]> {
+        Some(x)
     }
     #[inline(always)]
     fn load<S: Simd>(s: S, x: &[bf16]) -> S::V {
