@@ -228,7 +228,7 @@ impl<'a> Options<'a> {
         self
     }
 
-    /// Allow prefill's two products (`Q·Kᵀ` and `P·V`) to run as bf16 dot products with f32
+    /// Allow the two products (`Q·Kᵀ` and `P·V`) to run as bf16 dot products with f32
     /// accumulation when Q and K/V are bf16 and the CPU has them (AVX512_BF16 on the AVX-512
     /// backend; see [`bf16_products_available`](crate::bf16_products_available)), at about
     /// twice the f32 multiply-add rate — as FlashAttention does on GPUs. The softmax weights
@@ -236,10 +236,12 @@ impl<'a> Options<'a> {
     /// output accumulator stay f32, and bf16 subnormals (below 2⁻¹²⁶) count as zero. The error
     /// bound ([`reference::error_bounds`](crate::reference::error_bounds) with the same
     /// options) grows by about 2⁻⁸ of the largest value. Results stay identical for any thread
-    /// count on one machine, but differ between CPUs with and without the instruction. The
-    /// option changes nothing for other element types (an f32 value beyond bf16's range would
-    /// round to ±∞), on CPUs or backends without the instruction, and in decode (few query rows
-    /// per kv head: a memory-bound path).
+    /// count on one machine, but differ between CPUs with and without the instruction. Decode
+    /// (few query rows per kv head) takes it too, reading the cache's bf16 rows as stored,
+    /// dense or paged (keys whose channels are not adjacent are converted and take f32
+    /// products; the bound covers both). The option changes nothing for other element types
+    /// (an f32 value beyond bf16's range would round to ±∞) and on CPUs or backends without the
+    /// instruction.
     pub fn bf16_products(mut self) -> Self {
         self.bf16_products = true;
         self

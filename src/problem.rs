@@ -289,7 +289,7 @@ pub(crate) struct Problem<'a> {
     pub sinks: Option<&'a [f32]>,
     /// The scales of `i8` K/V.
     pub kv_scales: Option<KvScales<'a>>,
-    /// [`Options::bf16_products`] with bf16 Q and K/V: the prefill products may run on bf16
+    /// [`Options::bf16_products`] with bf16 Q and K/V: the products may run on bf16
     /// operands (the weights `P` rounded to bf16). Off for other types.
     pub bf16_products: bool,
 }

@@ -107,7 +107,7 @@ impl Attention {
         self
     }
 
-    /// Lets prefill's two products run as bf16 dot products with f32 accumulation when Q and
+    /// Lets the two products run as bf16 dot products with f32 accumulation when Q and
     /// K/V are bf16 and the CPU has them ([`bf16_products_available`]): about twice the f32
     /// multiply-add rate, with the softmax weights rounded to bf16 before `P·V` (as
     /// FlashAttention on GPUs). See [`sdpa::Options::bf16_products`]; other types are unchanged.

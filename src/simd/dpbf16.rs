@@ -14,14 +14,27 @@
 //! * output, `O = α ⊙ O + P · V`: Pᵀ with the weights of keys `(2j, 2j + 1)` of a row in its
 //!   lane, broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel.
 //!
+//! Decode (few query rows per kv head, channels along the lanes) has its own two kernels, which
+//! read the cache's bf16 rows as stored ([`KeyRows`]):
+//! * [`Bf16Dot::dots`]: the f32 dot tile's shape (up to four keys × the rows, one accumulator
+//!   each, summed across lanes at the end) with a K row's 32 channels loaded as the 16 pairs
+//!   they already are, against Q rows by channel pairs ([`Bf16Dot::pair_row`]).
+//! * [`Bf16Dot::output_in_place`]: V rows `2j` and `2j + 1` loaded as stored and interleaved by
+//!   `vpunpck{l,h}wd`, which pairs words only inside 128-bit blocks (one cheap instruction each,
+//!   against a cross-lane permute). The accumulators then hold the channels in that order; O is
+//!   permuted into it when a panel starts and back when it ends.
+//!
+//! Per key and kv head of four rows at d = 128 that is 16 `vdpbf16ps` for the scores and 16
+//! for the output, against 32 FMAs each on f32 lanes plus every K and V vector's conversion.
+//!
 //! Every rounding to bf16 is the instruction's: to nearest, ties to even, NaN kept, and bf16
 //! subnormals flushed to zero (on input and output, whatever MXCSR says); the products of two
 //! bf16 values are exact in f32 unless they underflow (flushed too). The error bound
 //! (`reference::error_bounds`) counts all of it.
 //!
 //! [`Bf16Dot`] proves that the CPU has AVX-512F, BW, VL and BF16. Each public method is one
-//! `#[target_feature]` function that does a whole panel's work, so the call costs nothing
-//! against the tiles it runs.
+//! `#[target_feature]` function that does a whole panel's (or a block's) work, so the call
+//! costs nothing against the tiles it runs.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use imp::Bf16Dot;
@@ -566,10 +579,9 @@ mod imp {
         // Accumulator of key t and row r at `t · ROWS + r`, as the f32 tile's.
         // SAFETY: the caller's features (AVX-512F).
         let mut acc = [unsafe { _mm512_setzero_ps() }; 16];
-        let mut c = 0;
-        while c < d {
-            // 32 channels, or the rest: masked-off words read as zero and are never touched.
-            let live = (d - c).min(32);
+        // 32 channels: the masks keep `live` channels (a whole chunk: all, so the loads are
+        // plain ones), masked-off words read as zero and are never touched.
+        let mut chunk = |c: usize, live: usize| {
             let k_mask = (u64::MAX >> (64 - live)) as __mmask32;
             let q_mask = (u32::MAX >> (32 - live.div_ceil(2))) as __mmask16;
             // SAFETY (whole block): the caller's bounds; masked loads do not fault on the
@@ -587,7 +599,13 @@ mod imp {
                     }
                 }
             }
-            c += 32;
+        };
+        let whole = d / 32 * 32;
+        for c in (0..whole).step_by(32) {
+            chunk(c, 32);
+        }
+        if whole < d {
+            chunk(whole, d - whole);
         }
         let sums = lanes.reduce_add16(acc, KEYS * ROWS);
         for t in 0..KEYS {

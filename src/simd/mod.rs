@@ -420,7 +420,7 @@ pub(crate) fn bf16_dot() -> Option<dpbf16::Bf16Dot> {
 }
 
 /// Whether [`Options::bf16_products`](crate::Options::bf16_products) takes effect in this
-/// process (for bf16 Q and K/V, in prefill): the CPU has bf16 dot products (AVX512_BF16, with
+/// process (for bf16 Q and K/V): the CPU has bf16 dot products (AVX512_BF16, with
 /// AVX-512F/BW/VL) and the AVX-512 backend runs (not forced to another with `SDPA_BACKEND`).
 pub fn bf16_products_available() -> bool {
     bf16_dot().is_some()
