@@ -222,7 +222,7 @@ typedef struct sdpa_options {
   const float *sinks;
   // Entries at `sinks`.
   size_t sinks_len;
-  // Nonzero: prefill's two products may run as bf16 dot products with f32 accumulation
+  // Nonzero: the two products may run as bf16 dot products with f32 accumulation
   // when Q and K/V are bf16 and the CPU has them (`sdpa_bf16_products_available`); the
   // softmax weights are then rounded to bf16 before `P·V`, as FlashAttention does on GPUs.
   // See the Rust `sdpa::Options::bf16_products` for what changes and the error bound.
