@@ -1168,6 +1168,7 @@ fn pair_output_product(
 }
 
 /// Columns `col .. col + width` of bf16 rows, as [`Bf16Dot`]'s decode kernels read them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Columns<'s> {
     rows: Rows<'s, bf16>,
     col: usize,
