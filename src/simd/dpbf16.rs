@@ -233,7 +233,7 @@ mod imp {
             assert!(matches!(keys, 1 | 2 | 4) && (1..=16 / keys).contains(&rows));
             assert!(q.len() >= rows * d.div_ceil(2) && (hi - 1) * ld_s + rows <= st.len());
             macro_rules! tiles {
-                ($(($keys:literal, $rows:literal))*) => {
+                ($($keys:literal x $rows:literal),*) => {
                     match (keys, rows) {
                         $(($keys, $rows) => dots::<$keys, $rows>(
                             self.lanes, &key, (lo, hi), q.as_ptr(), d, st.as_mut_ptr(), ld_s,
@@ -247,9 +247,9 @@ mod imp {
             // scores (checked above; K's rows are checked as they are read).
             unsafe {
                 tiles!(
-                    (4, 1)(4, 2)(4, 3)(4, 4)(2, 1)(2, 2)(2, 3)(2, 4)(2, 5)(2, 6)(2, 7)(2, 8)(1, 1)(
-                        1, 2
-                    )(1, 3)(1, 4)(1, 5)(1, 6)(1, 7)(1, 8)
+                    4 x 1, 4 x 2, 4 x 3, 4 x 4,
+                    2 x 1, 2 x 2, 2 x 3, 2 x 4, 2 x 5, 2 x 6, 2 x 7, 2 x 8,
+                    1 x 1, 1 x 2, 1 x 3, 1 x 4, 1 x 5, 1 x 6, 1 x 7, 1 x 8
                 )
             }
         }
@@ -288,7 +288,7 @@ mod imp {
             // accumulators, V pairs and broadcast then fit the 32 registers.
             assert!(vecs <= 2 || rows <= 5, "{rows} rows × {vecs} vectors");
             macro_rules! tile {
-                ($(($rows:literal, $chunks:literal))*) => {
+                ($($rows:literal x $chunks:literal),*) => {
                     match (rows, vecs.div_ceil(2)) {
                         $(($rows, $chunks) => output_pairs::<$rows, $chunks>(
                             p.as_ptr(), ld_p, (lo, hi), &values, w,
@@ -302,7 +302,8 @@ mod imp {
             // below the bounds checked above (V's rows are checked as they are read).
             unsafe {
                 tile!(
-                    (1, 1)(2, 1)(3, 1)(4, 1)(5, 1)(6, 1)(7, 1)(8, 1)(1, 2)(2, 2)(3, 2)(4, 2)(5, 2)
+                    1 x 1, 2 x 1, 3 x 1, 4 x 1, 5 x 1, 6 x 1, 7 x 1, 8 x 1,
+                    1 x 2, 2 x 2, 3 x 2, 4 x 2, 5 x 2
                 )
             }
         }
