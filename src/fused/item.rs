@@ -108,6 +108,18 @@ impl Block {
     fn len(&self) -> usize {
         self.j1 - self.j0
     }
+
+    /// The keys of the block (relative to `j0`) that some of the rows with visible ranges
+    /// `lo[r] .. hi[r]` sees ([`union_range`]), or `None` if none sees any. (Most blocks are
+    /// seen whole by every row: then there is no range to find.)
+    #[inline(always)]
+    fn seen_by(&self, lo: &[usize], hi: &[usize]) -> Option<(usize, usize)> {
+        if self.seen_by_all {
+            Some((0, self.len()))
+        } else {
+            union_range(lo, hi, self.j0, self.j1)
+        }
+    }
 }
 
 /// Runs one work item: afterwards `scratch.tile.o[r]` holds the unnormalized output of row
@@ -273,8 +285,11 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
             apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
         }
-        // (bf16 products: the block's weights by key pairs, once for all heads.)
-        let mut weights_paired = false;
+        // bf16 products: the block's weights by key pairs, once for all heads (every head's
+        // output product then takes them, V in place or packed).
+        if let Some(bf) = bl.pairs {
+            pair_weights(bf, block.len(), t.ld_s, &tile.st, &mut pairs.p);
+        }
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
             // Decode: the next block's V rows of this head are requested while the output
@@ -302,15 +317,9 @@ fn block_loop<S: Simd, KV: KvSource>(
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
                         match bl.pairs {
-                            Some(bf) => {
-                                if !weights_paired {
-                                    pair_weights(bf, len, t.ld_s, &tile.st, &mut pairs.p);
-                                    weights_paired = true;
-                                }
-                                pair_values_in_place::<S>(
-                                    bf, &t, &block, v, rows, tile, &pairs.p, next_v,
-                                );
-                            }
+                            Some(bf) => pair_values_in_place::<S>(
+                                bf, &t, &block, v, rows, tile, &pairs.p, next_v,
+                            ),
                             None => output_product(s, &t, &block, v, rows, tile, next_v),
                         }
                         continue;
@@ -1076,13 +1085,7 @@ fn row_groups<S: Simd, E: Lanes>(
     let mr = S::TILE;
     for r0 in rows.clone().step_by(mr) {
         let r1 = (r0 + mr).min(rows.end);
-        // (Most blocks are seen whole by every row: no per-group range to find.)
-        let range = if block.seen_by_all {
-            Some((0, block.len()))
-        } else {
-            union_range(&lo[r0..r1], &hi[r0..r1], block.j0, block.j1)
-        };
-        let Some((glo, ghi)) = range else {
+        let Some((glo, ghi)) = block.seen_by(&lo[r0..r1], &hi[r0..r1]) else {
             continue;
         };
         // One call per run of adjacent V rows (the whole range, except for rows read in
@@ -1114,11 +1117,12 @@ fn row_groups<S: Simd, E: Lanes>(
     }
 }
 
-/// [`output_product`] with bf16 dot products: Pᵀ and the V block are first rounded to bf16 by
-/// key pairs (`⌈c / 2⌉` pairs, a zero key after an odd count), then each row group takes the
-/// pairs that hold its visible keys. A pair's other key is then one no row of the group sees:
-/// its weight is 0, and its value finite (a block whose keys some row does not see has its
-/// non-finite value rows set aside by [`load_values`]), so it adds exactly nothing.
+/// [`output_product`] with bf16 dot products: the V block is first rounded to bf16 by key pairs
+/// (`⌈c / 2⌉` pairs, a zero key after an odd count; Pᵀ's pairs are in `pairs.p` already,
+/// [`pair_weights`]), then each row group takes the pairs that hold its visible keys. A pair's
+/// other key is then one no row of the group sees: its weight is 0, and its value finite (a
+/// block whose keys some row does not see has its non-finite value rows set aside by
+/// [`load_values`]), so it adds exactly nothing.
 fn pair_output_product(
     bf: Bf16Dot,
     t: &Tiles,
@@ -1130,7 +1134,6 @@ fn pair_output_product(
 ) {
     let (c, ld_s, d_vp) = (block.len(), t.ld_s, t.d_vp);
     let (nr, mr) = (PAIR_PANEL, PAIR_TILE);
-    pair_weights(bf, c, ld_s, &tile.st, &mut pairs.p);
     for jp in 0..c.div_ceil(2) {
         let (a, b) = (2 * jp, 2 * jp + 1);
         let second = (b < c).then(|| values.row(b, d_vp));
@@ -1144,12 +1147,7 @@ fn pair_output_product(
         let vecs = (d_vp - col).min(nr) / 16;
         for r0 in rows.clone().step_by(mr) {
             let r1 = (r0 + mr).min(rows.end);
-            let range = if block.seen_by_all {
-                Some((0, c))
-            } else {
-                union_range(&tile.lo[r0..r1], &tile.hi[r0..r1], block.j0, block.j1)
-            };
-            let Some((glo, ghi)) = range else {
+            let Some((glo, ghi)) = block.seen_by(&tile.lo[r0..r1], &tile.hi[r0..r1]) else {
                 continue;
             };
             bf.output_tile(
@@ -1210,17 +1208,7 @@ fn pair_values_in_place<S: Simd>(
     p_pairs: &[f32],
     next: Option<RowStream>,
 ) {
-    let range = if block.seen_by_all {
-        Some((0, block.len()))
-    } else {
-        union_range(
-            &tile.lo[rows.clone()],
-            &tile.hi[rows.clone()],
-            block.j0,
-            block.j1,
-        )
-    };
-    let Some((glo, ghi)) = range else {
+    let Some((glo, ghi)) = block.seen_by(&tile.lo[rows.clone()], &tile.hi[rows.clone()]) else {
         return;
     };
     let nr = panel_vecs::<S>(rows.len(), true) * S::LANES;

@@ -62,7 +62,7 @@ pub(crate) struct KvBuffers {
 pub(crate) struct PairBuffers {
     /// Qᵀ panels by channel pairs: panel `t` holds `⌈d_k / 2⌉` steps of `2L` rows.
     pub qt: Aligned,
-    /// The K block rounded to bf16, `kv_block` rows of `⌈d_k / 2⌉` words.
+    /// The K block rounded to bf16, `kv_block` rows of `⌈d_k / 2⌉` words (empty by channels).
     pub k: Aligned,
     /// The V block by key pairs, `⌈kv_block / 2⌉ × d_v_pad` words.
     pub v: Aligned,
@@ -194,7 +194,11 @@ impl Scratch {
             words(Some(b.kv_block)),            // non_finite (its capacity)
             f32s(Some(b.kv_block)),             // scales
             f32s(pair(rows.checked_mul(d2))),   // pairs.qt
-            f32s(pair(b.kv_block.checked_mul(d2))), // pairs.k
+            f32s(pair(if b.by_channels() {
+                Some(0) // decode reads bf16 keys as stored, or takes f32 products
+            } else {
+                b.kv_block.checked_mul(d2)
+            })), // pairs.k
             f32s(pair(kv_pairs.checked_mul(b.d_v_pad))), // pairs.v
             f32s(pair(kv_pairs.checked_mul(rows))), // pairs.p
         ]
