@@ -305,8 +305,15 @@ fn other_types_are_left_alone() {
 #[test]
 fn non_finite_values_reach_the_rows_that_see_them() {
     // Causal (top-left): key 5's value holds +∞ and key 9's a NaN; rows before them see
-    // neither, rows from 5 on see the ∞, from 9 on the NaN too — as with f32 products.
-    let (n, d) = (40, 20);
+    // neither, rows from 5 on see the ∞, from 9 on the NaN too — as with f32 products. At
+    // d = 20 the V rows are packed (padded to whole vectors), at d = 32 read in place.
+    for d in [20, 32] {
+        non_finite_values_at(d);
+    }
+}
+
+fn non_finite_values_at(d: usize) {
+    let n = 40;
     let q = to::<bf16>(&values(n * d, 21, 1.0));
     let k = to::<bf16>(&values(n * d, 22, 1.0));
     let mut v = to::<bf16>(&values(n * d, 23, 1.0));
@@ -341,5 +348,51 @@ fn non_finite_values_reach_the_rows_that_see_them() {
                 assert!(b.is_finite(), "{what}");
             }
         }
+    }
+}
+
+#[test]
+fn rows_in_place_and_packed_give_the_same_bits() {
+    // bf16 K/V with unit channel stride are paired as stored; with channel stride 2 they are
+    // converted to f32 and rounded back. Both must give the same products, subnormals included
+    // (`vdpbf16ps` reads them as zero; the rounding flushes them), in every block shape: odd
+    // key counts, causal rows that see part of a block, GQA.
+    let (b, h, h_kv, n_q, n_kv, d) = (1, 4, 2, 70, 101, 64);
+    let q = to::<bf16>(&values(b * n_q * h * d, 31, 1.0));
+    let mut k = to::<bf16>(&values(b * n_kv * h_kv * d, 32, 1.0));
+    let mut v = to::<bf16>(&values(b * n_kv * h_kv * d, 33, 1.0));
+    for (i, x) in k.iter_mut().enumerate().step_by(7) {
+        *x = bf16::from_bits(1 + (i % 0x7f) as u16);
+    }
+    for (i, x) in v.iter_mut().enumerate().step_by(5) {
+        *x = bf16::from_bits(0x8000 | (1 + (i % 0x7f) as u16));
+    }
+    let spread =
+        |x: &[bf16]| -> Vec<bf16> { x.iter().flat_map(|&y| [y, bf16::from_f32(7.0)]).collect() };
+    let (k2, v2) = (spread(&k), spread(&v));
+    let kv_dims = [b, n_kv, h_kv, d];
+    let kv_strides = [2 * n_kv * h_kv * d, 2 * h_kv * d, 2 * d, 2];
+    for opts in [
+        Options::new().bf16_products(),
+        Options::new()
+            .bf16_products()
+            .causal(Alignment::BottomRight),
+    ] {
+        let call = |k: Tensor<'_, bf16>, v: Tensor<'_, bf16>| {
+            let mut out = vec![0.0f32; b * n_q * h * d];
+            let mut o = TensorMut::bshd(&mut out, [b, n_q, h, d]).unwrap();
+            let qv = Tensor::bshd(&q, [b, n_q, h, d]).unwrap();
+            sdpa::attention(&qv, &k, &v, &mut o, &opts).unwrap();
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let in_place = call(
+            Tensor::bshd(&k, kv_dims).unwrap(),
+            Tensor::bshd(&v, kv_dims).unwrap(),
+        );
+        let packed = call(
+            Tensor::new(&k2, kv_dims, kv_strides).unwrap(),
+            Tensor::new(&v2, kv_dims, kv_strides).unwrap(),
+        );
+        assert_eq!(in_place, packed);
     }
 }

@@ -27,7 +27,7 @@ use super::scratch::{KvBuffers, PairBuffers, Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
-use crate::simd::dpbf16::{Bf16Dot, KeyRows, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
+use crate::simd::dpbf16::{Bf16Dot, KeyRows, Pairable, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
 use crate::simd::{exp2, Kernel, Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 use half::{bf16, f16};
@@ -260,7 +260,13 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
         } else {
             debug_assert_eq!(item.heads, 1);
-            let keys = cx.kv.keys(s, at(0), k_buf);
+            let keys = match bl.pairs {
+                Some(bf) => {
+                    pair_keys(s, bf, &cx.kv, at(0), t.d_k, k_buf, &mut pairs.k);
+                    BlockKeys::Paired(bf)
+                }
+                None => BlockKeys::F32(cx.kv.keys(s, at(0), k_buf)),
+            };
             *tiles += scores(s, cx, item, &t, &block, keys, tile, pairs);
         }
         bias_and_masks(cx, item, &t, &block, tile);
@@ -325,6 +331,15 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
+            } else if let (Some(bf), true) = (bl.pairs, KV::BF16) {
+                // bf16 products on bf16 V rows (prefill): their words paired as stored.
+                if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
+                    if !isolate || all_finite(s, v, len, t.d_vp) {
+                        pair_values(bf, len, t.d_vp, v, &mut pairs.v);
+                        pair_output_product(bf, &t, &block, rows, tile, pairs);
+                        continue;
+                    }
+                }
             } else if int_values {
                 // (Never NaN or ±∞: nothing to set aside.)
                 if let Some(v) = cx.kv.values_in::<i8>(at(g), t.d_vp) {
@@ -334,7 +349,10 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
             let values = load_values(s, &cx.kv, at(g), &t, isolate, v_buf, non_finite);
             match bl.pairs {
-                Some(bf) => pair_output_product(bf, &t, &block, values, rows.clone(), tile, pairs),
+                Some(bf) => {
+                    pair_values(bf, len, t.d_vp, values, &mut pairs.v);
+                    pair_output_product(bf, &t, &block, rows.clone(), tile, pairs);
+                }
                 None => output_product(s, &t, &block, values, rows.clone(), tile, next_v),
             }
             add_non_finite_values(s, cx, item, &t, at(g), rows, non_finite, v_row, tile);
@@ -732,7 +750,7 @@ fn scores<S: Simd>(
     item: &Item,
     t: &Tiles,
     block: &Block,
-    keys: Rows<'_>,
+    keys: BlockKeys<'_>,
     tile: &mut TileBuffers,
     pairs: &mut PairBuffers,
 ) -> u64 {
@@ -743,12 +761,6 @@ fn scores<S: Simd>(
     let factors = [p.scale, LOG2_E];
     let mut count = 0;
     let d2 = t.d_k.div_ceil(2);
-    if let Some(bf) = cx.blocking.pairs {
-        // The block's K rows rounded to bf16: rows of channel pairs.
-        for j in 0..block.len() {
-            bf.pair_row(keys.row(j, t.d_k), &mut pairs.k[j * d2..][..d2]);
-        }
-    }
     for r0 in (0..ld_s).step_by(nr) {
         let Some((plo, phi)) = panel_keys::<S>(t, block, r0, tile) else {
             continue;
@@ -757,31 +769,34 @@ fn scores<S: Simd>(
         let qt = &tile.qt[(r0 / nr) * nr * t.d_k..][..nr * t.d_k];
         let max = &mut tile.block_max[r0..r1];
         max.fill(f32::NEG_INFINITY);
-        if let Some(bf) = cx.blocking.pairs {
-            count += bf.scores_panel(
-                &pairs.k,
-                d2,
-                (plo, phi),
-                &pairs.qt[(r0 / nr) * nr * d2..][..nr * d2],
-                d2,
-                &mut tile.st[r0..],
-                ld_s,
-                (r1 - r0) / S::LANES,
-                factors,
-                max,
-            );
-        } else {
-            count += s.run(PanelScores {
-                keys,
-                range: (plo, phi),
-                qt,
-                d: t.d_k,
-                st: &mut tile.st[r0..],
-                ld_s,
-                width: r1 - r0,
-                factors,
-                max,
-            });
+        match keys {
+            BlockKeys::Paired(bf) => {
+                count += bf.scores_panel(
+                    &pairs.k,
+                    d2,
+                    (plo, phi),
+                    &pairs.qt[(r0 / nr) * nr * d2..][..nr * d2],
+                    d2,
+                    &mut tile.st[r0..],
+                    ld_s,
+                    (r1 - r0) / S::LANES,
+                    factors,
+                    max,
+                );
+            }
+            BlockKeys::F32(keys) => {
+                count += s.run(PanelScores {
+                    keys,
+                    range: (plo, phi),
+                    qt,
+                    d: t.d_k,
+                    st: &mut tile.st[r0..],
+                    ld_s,
+                    width: r1 - r0,
+                    factors,
+                    max,
+                });
+            }
         }
         if p.softcap.is_some() || p.alibi.is_some() {
             modify_scores(s, cx, t, r0, (plo, phi), false, tile);
@@ -1117,32 +1132,22 @@ fn row_groups<S: Simd, E: Lanes>(
     }
 }
 
-/// [`output_product`] with bf16 dot products: the V block is first rounded to bf16 by key pairs
-/// (`⌈c / 2⌉` pairs, a zero key after an odd count; Pᵀ's pairs are in `pairs.p` already,
-/// [`pair_weights`]), then each row group takes the pairs that hold its visible keys. A pair's
-/// other key is then one no row of the group sees: its weight is 0, and its value finite (a
-/// block whose keys some row does not see has its non-finite value rows set aside by
-/// [`load_values`]), so it adds exactly nothing.
+/// [`output_product`] with bf16 dot products, the block's V rows and Pᵀ already paired by keys
+/// (`⌈c / 2⌉` pairs, a zero key after an odd count: [`pair_values`] into `pairs.v`,
+/// [`pair_weights`] into `pairs.p`): each row group takes the pairs that hold its visible keys.
+/// A pair's other key is then one no row of the group sees: its weight is 0, and its value
+/// finite (a block whose keys some row does not see has its non-finite value rows set aside by
+/// [`load_values`], or is not read in place), so it adds exactly nothing.
 fn pair_output_product(
     bf: Bf16Dot,
     t: &Tiles,
     block: &Block,
-    values: Rows<'_>,
     rows: Range<usize>,
     tile: &mut TileBuffers,
-    pairs: &mut PairBuffers,
+    pairs: &PairBuffers,
 ) {
-    let (c, ld_s, d_vp) = (block.len(), t.ld_s, t.d_vp);
+    let (ld_s, d_vp) = (t.ld_s, t.d_vp);
     let (nr, mr) = (PAIR_PANEL, PAIR_TILE);
-    for jp in 0..c.div_ceil(2) {
-        let (a, b) = (2 * jp, 2 * jp + 1);
-        let second = (b < c).then(|| values.row(b, d_vp));
-        bf.interleave(
-            values.row(a, d_vp),
-            second,
-            &mut pairs.v[jp * d_vp..][..d_vp],
-        );
-    }
     for col in (0..d_vp).step_by(nr) {
         let vecs = (d_vp - col).min(nr) / 16;
         for r0 in rows.clone().step_by(mr) {
@@ -1178,6 +1183,69 @@ impl KeyRows for Columns<'_> {
     fn row(&self, j: usize) -> &[bf16] {
         &self.rows.row(j, self.col + self.width)[self.col..]
     }
+}
+
+/// The V rows of a block's `c` keys by key pairs for [`pair_output_product`]: pair `jp` at
+/// `pv[jp · d_vp ..]` holds rows `2jp` and `2jp + 1` interleaved channel by channel (zeros past
+/// `c`), f32 rows rounded to bf16, bf16 rows as stored ([`Pairable`]).
+fn pair_values<E: Pairable>(
+    bf: Bf16Dot,
+    c: usize,
+    d_vp: usize,
+    values: Rows<'_, E>,
+    pv: &mut [f32],
+) {
+    for jp in 0..c.div_ceil(2) {
+        let (a, b) = (2 * jp, 2 * jp + 1);
+        let second = (b < c).then(|| values.row(b, d_vp));
+        E::interleave(
+            bf,
+            values.row(a, d_vp),
+            second,
+            &mut pv[jp * d_vp..][..d_vp],
+        );
+    }
+}
+
+/// The block's K rows rounded to bf16, as rows of `⌈d_k / 2⌉` channel pairs in `pairs_k`
+/// (what the score panels of [`scores`] read): bf16 rows in place copied as stored, other
+/// storage through its f32 rows ([`KvSource::keys`], into `k_buf`).
+#[inline(always)]
+fn pair_keys<S: Simd, KV: KvSource>(
+    s: S,
+    bf: Bf16Dot,
+    kv: &KV,
+    at: KeyRange,
+    d_k: usize,
+    k_buf: &mut [f32],
+    pairs_k: &mut [f32],
+) {
+    fn pair_rows<E: Pairable>(
+        bf: Bf16Dot,
+        rows: Rows<'_, E>,
+        len: usize,
+        d_k: usize,
+        dst: &mut [f32],
+    ) {
+        let d2 = d_k.div_ceil(2);
+        for j in 0..len {
+            E::pair_row(bf, rows.row(j, d_k), &mut dst[j * d2..][..d2]);
+        }
+    }
+    if KV::BF16 {
+        if let Some(rows) = kv.keys_in::<bf16>(at) {
+            return pair_rows(bf, rows, at.len, d_k, pairs_k);
+        }
+    }
+    pair_rows(bf, kv.keys(s, at, k_buf), at.len, d_k, pairs_k);
+}
+
+/// The K rows of a block as [`scores`] takes them: f32 rows, or rows of bf16 channel pairs
+/// already in the scratch ([`pair_keys`]) for the bf16 dot products.
+#[derive(Clone, Copy)]
+enum BlockKeys<'s> {
+    F32(Rows<'s>),
+    Paired(Bf16Dot),
 }
 
 /// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 ([`Bf16Dot::interleave`]): pair `jp`

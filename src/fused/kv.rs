@@ -177,12 +177,14 @@ pub(super) fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
     if let Some(x) = T::as_f32(src) {
         head.copy_from_slice(&x[..whole]);
     } else if let Some(x) = T::as_f16(src) {
-        for (d, c) in head.chunks_exact_mut(lanes).zip(x.chunks_exact(lanes)) {
-            s.store(d, s.load_f16(c));
+        // (Indices, not zipped `chunks_exact`: the zip did not inline, and dividing both
+        // lengths by the lanes in it was 4% of a bf16 prefill.)
+        for i in (0..whole).step_by(lanes) {
+            s.store(&mut head[i..i + lanes], s.load_f16(&x[i..i + lanes]));
         }
     } else if let Some(x) = T::as_bf16(src) {
-        for (d, c) in head.chunks_exact_mut(lanes).zip(x.chunks_exact(lanes)) {
-            s.store(d, s.load_bf16(c));
+        for i in (0..whole).step_by(lanes) {
+            s.store(&mut head[i..i + lanes], s.load_bf16(&x[i..i + lanes]));
         }
     } else {
         T::convert_to_f32(&src[..whole], head);

@@ -52,6 +52,38 @@ pub(crate) trait KeyRows {
     fn row(&self, j: usize) -> &[half::bf16];
 }
 
+/// Rows that the pairing kernels take: f32 values, rounded to bf16 ([`Bf16Dot::pair_row`],
+/// [`Bf16Dot::interleave`]), or values that are bf16 already, copied as stored
+/// ([`Bf16Dot::pair_bf16_row`], [`Bf16Dot::interleave_bf16`]).
+pub(crate) trait Pairable: Sized {
+    /// `x` as a row of channel pairs into `dst[.. ⌈x.len() / 2⌉]`.
+    fn pair_row(bf: Bf16Dot, x: &[Self], dst: &mut [f32]);
+    /// Rows `a` and `b` (zeros if `None`) interleaved channel by channel into `dst`.
+    fn interleave(bf: Bf16Dot, a: &[Self], b: Option<&[Self]>, dst: &mut [f32]);
+}
+
+impl Pairable for f32 {
+    #[inline(always)]
+    fn pair_row(bf: Bf16Dot, x: &[f32], dst: &mut [f32]) {
+        bf.pair_row(x, dst);
+    }
+    #[inline(always)]
+    fn interleave(bf: Bf16Dot, a: &[f32], b: Option<&[f32]>, dst: &mut [f32]) {
+        bf.interleave(a, b, dst);
+    }
+}
+
+impl Pairable for half::bf16 {
+    #[inline(always)]
+    fn pair_row(bf: Bf16Dot, x: &[Self], dst: &mut [f32]) {
+        bf.pair_bf16_row(x, dst);
+    }
+    #[inline(always)]
+    fn interleave(bf: Bf16Dot, a: &[Self], b: Option<&[Self]>, dst: &mut [f32]) {
+        bf.interleave_bf16(a, b, dst);
+    }
+}
+
 /// Rows per score panel and per output row group: two vectors of 16 lanes, and the tile
 /// height (the AVX-512 backend's geometry, which this path runs under).
 pub(crate) const PANEL: usize = 32;
@@ -121,6 +153,34 @@ mod imp {
             assert!(dst.len() >= x.len().div_ceil(2));
             // SAFETY: the token proves the features; the lengths are checked above.
             unsafe { pair_row(x.as_ptr(), x.len(), dst.as_mut_ptr()) }
+        }
+
+        /// [`Bf16Dot::pair_row`] of values that are bf16 already: `x`'s words copied as they are,
+        /// two per 32-bit word, a zero after an odd count, into `dst[.. ⌈x.len() / 2⌉]`. The same
+        /// words as `pair_row` of their f32 values but for subnormals and signalling NaNs, which
+        /// stay as stored: `vdpbf16ps` reads a subnormal as zero and a NaN as NaN, so every
+        /// product is the same.
+        pub fn pair_bf16_row(self, x: &[bf16], dst: &mut [f32]) {
+            assert!(dst.len() >= x.len().div_ceil(2));
+            // SAFETY: the token proves the features; the lengths are checked above; `bf16` is
+            // a 16-bit word.
+            unsafe { pair_bf16_row(x.as_ptr().cast(), x.len(), dst.as_mut_ptr()) }
+        }
+
+        /// [`Bf16Dot::interleave`] of values that are bf16 already, `dst[i] = a[i] | b[i] << 16`
+        /// (their words as stored, as in [`Bf16Dot::pair_bf16_row`]).
+        pub fn interleave_bf16(self, a: &[bf16], b: Option<&[bf16]>, dst: &mut [f32]) {
+            let n = dst.len();
+            assert!(n.is_multiple_of(16) && a.len() >= n && b.is_none_or(|b| b.len() >= n));
+            // SAFETY: as in `pair_bf16_row`.
+            unsafe {
+                interleave_bf16(
+                    a.as_ptr().cast(),
+                    b.map(|b| b.as_ptr().cast()),
+                    dst.as_mut_ptr(),
+                    n,
+                )
+            }
         }
 
         /// The score tiles of one panel: keys `[lo, hi)` (pair rows of `d2` words at
@@ -350,6 +410,43 @@ mod imp {
                 let pairs = (n - i).min(32).div_ceil(2);
                 let keep = ((1u32 << pairs) - 1) as __mmask16;
                 _mm512_mask_storeu_epi32(dst.add(i / 2).cast(), keep, words);
+            }
+        }
+    }
+
+    /// See [`Bf16Dot::pair_bf16_row`]. Safety: the features; `x` valid for `n` words, `dst`
+    /// for `⌈n / 2⌉` f32s.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn pair_bf16_row(x: *const u16, n: usize, dst: *mut f32) {
+        // SAFETY (whole body): the caller's contract; masked-off lanes are neither read nor
+        // written (AVX-512 masked loads and stores suppress faults).
+        unsafe {
+            for i in (0..n).step_by(32) {
+                let live = (n - i).min(32);
+                let words =
+                    _mm512_maskz_loadu_epi16(((1u64 << live) - 1) as __mmask32, x.add(i).cast());
+                let keep = ((1u32 << live.div_ceil(2)) - 1) as __mmask16;
+                _mm512_mask_storeu_epi32(dst.add(i / 2).cast(), keep, words);
+            }
+        }
+    }
+
+    /// See [`Bf16Dot::interleave_bf16`]. Safety: the features; `a`, `b` (if any) valid for `n`
+    /// words, `dst` for `n` f32s, `n` a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn interleave_bf16(a: *const u16, b: Option<*const u16>, dst: *mut f32, n: usize) {
+        // SAFETY (whole body): the caller's contract; `INTERLEAVE` is 64 bytes.
+        unsafe {
+            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+            for i in (0..n).step_by(16) {
+                let x = _mm256_loadu_si256(a.add(i).cast());
+                let y = match b {
+                    Some(b) => _mm256_loadu_si256(b.add(i).cast()),
+                    None => _mm256_setzero_si256(),
+                };
+                // a's 16 words low, b's high, as `interleave` has them after rounding.
+                let words = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
+                _mm512_storeu_si512(dst.add(i).cast(), _mm512_permutexvar_epi16(idx, words));
             }
         }
     }
@@ -755,6 +852,12 @@ mod stub {
             match self {}
         }
         pub fn pair_row(self, _: &[f32], _: &mut [f32]) {
+            match self {}
+        }
+        pub fn pair_bf16_row(self, _: &[half::bf16], _: &mut [f32]) {
+            match self {}
+        }
+        pub fn interleave_bf16(self, _: &[half::bf16], _: Option<&[half::bf16]>, _: &mut [f32]) {
             match self {}
         }
         pub fn scores_panel(
