@@ -27,7 +27,9 @@ use super::scratch::{KvBuffers, PairBuffers, Scratch, TileBuffers};
 use crate::element::Element;
 use crate::microkernel::{dot_tile, output_tile, scores_tile};
 use crate::problem::Problem;
-use crate::simd::dpbf16::{Bf16Dot, KeyRows, Pairable, PANEL as PAIR_PANEL, TILE as PAIR_TILE};
+use crate::simd::dpbf16::{
+    Bf16Dot, KeyRows, PairKeys, Pairable, PANEL as PAIR_PANEL, TILE as PAIR_TILE,
+};
 use crate::simd::{exp2, Kernel, Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 use half::{bf16, f16};
@@ -261,13 +263,13 @@ fn block_loop<S: Simd, KV: KvSource>(
         } else {
             debug_assert_eq!(item.heads, 1);
             let keys = match bl.pairs {
-                Some(bf) => {
-                    pair_keys(s, bf, &cx.kv, at(0), t.d_k, k_buf, &mut pairs.k);
-                    BlockKeys::Paired(bf)
-                }
+                Some(bf) => BlockKeys::Paired(
+                    bf,
+                    pair_keys(s, bf, &cx.kv, at(0), t.d_k, k_buf, &mut pairs.k),
+                ),
                 None => BlockKeys::F32(cx.kv.keys(s, at(0), k_buf)),
             };
-            *tiles += scores(s, cx, item, &t, &block, keys, tile, pairs);
+            *tiles += scores(s, cx, item, &t, &block, keys, tile, &pairs.qt);
         }
         bias_and_masks(cx, item, &t, &block, tile);
         // The score tiles found each row's maximum; it still holds if nothing changed the
@@ -752,7 +754,7 @@ fn scores<S: Simd>(
     block: &Block,
     keys: BlockKeys<'_>,
     tile: &mut TileBuffers,
-    pairs: &mut PairBuffers,
+    q_pairs: &[f32],
 ) -> u64 {
     let nr = 2 * S::LANES;
     let ld_s = t.ld_s;
@@ -770,12 +772,11 @@ fn scores<S: Simd>(
         let max = &mut tile.block_max[r0..r1];
         max.fill(f32::NEG_INFINITY);
         match keys {
-            BlockKeys::Paired(bf) => {
+            BlockKeys::Paired(bf, k) => {
                 count += bf.scores_panel(
-                    &pairs.k,
-                    d2,
+                    k,
                     (plo, phi),
-                    &pairs.qt[(r0 / nr) * nr * d2..][..nr * d2],
+                    &q_pairs[(r0 / nr) * nr * d2..][..nr * d2],
                     d2,
                     &mut tile.st[r0..],
                     ld_s,
@@ -1207,19 +1208,21 @@ fn pair_values<E: Pairable>(
     }
 }
 
-/// The block's K rows rounded to bf16, as rows of `⌈d_k / 2⌉` channel pairs in `pairs_k`
-/// (what the score panels of [`scores`] read): bf16 rows in place copied as stored, other
-/// storage through its f32 rows ([`KvSource::keys`], into `k_buf`).
+/// The block's K rows rounded to bf16, as rows of `⌈d_k / 2⌉` channel pairs (what the score
+/// panels of [`scores`] read): bf16 rows in place read as stored where every pair is one
+/// 32-bit word of a row (an even head size, an even row stride no shorter than a row, the
+/// block's rows not split between pages), else copied into `pairs_k`; other storage rounded from its f32 rows
+/// ([`KvSource::keys`], into `k_buf`) into `pairs_k`.
 #[inline(always)]
-fn pair_keys<S: Simd, KV: KvSource>(
+fn pair_keys<'s, S: Simd, KV: KvSource>(
     s: S,
     bf: Bf16Dot,
-    kv: &KV,
+    kv: &'s KV,
     at: KeyRange,
     d_k: usize,
     k_buf: &mut [f32],
-    pairs_k: &mut [f32],
-) {
+    pairs_k: &'s mut [f32],
+) -> PairKeys<'s> {
     fn pair_rows<E: Pairable>(
         bf: Bf16Dot,
         rows: Rows<'_, E>,
@@ -1232,20 +1235,28 @@ fn pair_keys<S: Simd, KV: KvSource>(
             E::pair_row(bf, rows.row(j, d_k), &mut dst[j * d2..][..d2]);
         }
     }
+    let d2 = d_k.div_ceil(2);
     if KV::BF16 {
         if let Some(rows) = kv.keys_in::<bf16>(at) {
-            return pair_rows(bf, rows, at.len, d_k, pairs_k);
+            let (data, adjacent) = rows.run(0, at.len);
+            let words = d_k.is_multiple_of(2) && rows.ld.is_multiple_of(2) && rows.ld >= d_k;
+            if adjacent == at.len && words {
+                return PairKeys::Bf16(data, rows.ld);
+            }
+            pair_rows(bf, rows, at.len, d_k, pairs_k);
+            return PairKeys::Words(pairs_k, d2);
         }
     }
     pair_rows(bf, kv.keys(s, at, k_buf), at.len, d_k, pairs_k);
+    PairKeys::Words(pairs_k, d2)
 }
 
 /// The K rows of a block as [`scores`] takes them: f32 rows, or rows of bf16 channel pairs
-/// already in the scratch ([`pair_keys`]) for the bf16 dot products.
+/// ([`pair_keys`]) for the bf16 dot products.
 #[derive(Clone, Copy)]
 enum BlockKeys<'s> {
     F32(Rows<'s>),
-    Paired(Bf16Dot),
+    Paired(Bf16Dot, PairKeys<'s>),
 }
 
 /// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 ([`Bf16Dot::interleave`]): pair `jp`

@@ -52,6 +52,18 @@ pub(crate) trait KeyRows {
     fn row(&self, j: usize) -> &[half::bf16];
 }
 
+/// K rows of channel pairs as [`Bf16Dot::scores_panel`] reads them, a 32-bit pair at a time
+/// (off x86-64 nothing reads them).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) enum PairKeys<'a> {
+    /// Rows of pair words ([`Bf16Dot::pair_row`]), row `j` at `[j · ld ..]`.
+    Words(&'a [f32], usize),
+    /// bf16 rows as stored, row `j` at `[j · ld ..]`, with `ld` and the head size even: then
+    /// pair `p` of a row is its values `2p` and `2p + 1`, one 32-bit word (read unaligned).
+    Bf16(&'a [half::bf16], usize),
+}
+
 /// Rows that the pairing kernels take: f32 values, rounded to bf16 ([`Bf16Dot::pair_row`],
 /// [`Bf16Dot::interleave`]), or values that are bf16 already, copied as stored
 /// ([`Bf16Dot::pair_bf16_row`], [`Bf16Dot::interleave_bf16`]).
@@ -92,7 +104,7 @@ pub(crate) const TILE: usize = 12;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::{KeyRows, PANEL, TILE};
+    use super::{KeyRows, PairKeys, PANEL, TILE};
     use crate::simd::{Avx512, RowStream, Simd};
     use core::arch::x86_64::*;
     use half::bf16;
@@ -183,16 +195,15 @@ mod imp {
             }
         }
 
-        /// The score tiles of one panel: keys `[lo, hi)` (pair rows of `d2` words at
-        /// `k[j · ld_k ..]`) against `vecs` (1 or 2) vectors of rows of the pair panel `qt`
+        /// The score tiles of one panel: keys `[lo, hi)` (rows of `d2` pairs, [`PairKeys`])
+        /// against `vecs` (1 or 2) vectors of rows of the pair panel `qt`
         /// (`d2` steps of [`PANEL`] words), each score times `factors[0]` then `factors[1]`,
         /// into `st[j · ld_s + r]`; `max[r]` (for `r < 16·vecs`) raised to each row's largest.
         /// Returns the number of tiles.
         #[allow(clippy::too_many_arguments)] // one panel's operands
         pub fn scores_panel(
             self,
-            k: &[f32],
-            ld_k: usize,
+            k: PairKeys<'_>,
             (lo, hi): (usize, usize),
             qt: &[f32],
             d2: usize,
@@ -205,14 +216,22 @@ mod imp {
             if lo >= hi {
                 return 0;
             }
-            assert!((1..=2).contains(&vecs) && d2 <= ld_k && max.len() >= 16 * vecs);
-            assert!((hi - 1) * ld_k + d2 <= k.len() && d2 * PANEL <= qt.len());
+            // Bytes: the rows' start, the distance between rows, their extent.
+            let (k, ld_k, len) = match k {
+                PairKeys::Words(w, ld) => (w.as_ptr().cast::<u8>(), 4 * ld, 4 * w.len()),
+                PairKeys::Bf16(x, ld) => {
+                    assert!(ld.is_multiple_of(2));
+                    (x.as_ptr().cast::<u8>(), 2 * ld, 2 * x.len())
+                }
+            };
+            assert!((1..=2).contains(&vecs) && 4 * d2 <= ld_k && max.len() >= 16 * vecs);
+            assert!((hi - 1) * ld_k + 4 * d2 <= len && d2 * PANEL <= qt.len());
             assert!((hi - 1) * ld_s + 16 * vecs <= st.len());
             // SAFETY: the token proves the features; every offset the tiles read or write is
             // below the bounds checked above.
             unsafe {
                 scores_panel(
-                    k.as_ptr(),
+                    k,
                     ld_k,
                     (lo, hi),
                     qt.as_ptr(),
@@ -455,7 +474,7 @@ mod imp {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn scores_panel(
-        k: *const f32,
+        k: *const u8,
         ld_k: usize,
         (lo, hi): (usize, usize),
         qt: *const f32,
@@ -502,7 +521,7 @@ mod imp {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn scores_tile<const KEYS: usize, const VECS: usize>(
-        k: *const f32,
+        k: *const u8,
         ld_k: usize,
         j0: usize,
         qt: *const f32,
@@ -514,7 +533,7 @@ mod imp {
     ) {
         // SAFETY (whole body): the caller's bounds.
         unsafe {
-            let k = k.add(j0 * ld_k).cast::<i32>();
+            let k = k.add(j0 * ld_k);
             let mut acc = [[_mm512_setzero_ps(); VECS]; KEYS];
             for p in 0..d2 {
                 let mut q = [_mm512_setzero_ps(); VECS];
@@ -522,7 +541,8 @@ mod imp {
                     *qv = _mm512_loadu_ps(qt.add(p * PANEL + 16 * v));
                 }
                 for (t, a) in acc.iter_mut().enumerate() {
-                    let kb = _mm512_castsi512_ps(_mm512_set1_epi32(*k.add(t * ld_k + p)));
+                    let pair = k.add(t * ld_k + 4 * p).cast::<i32>().read_unaligned();
+                    let kb = _mm512_castsi512_ps(_mm512_set1_epi32(pair));
                     for v in 0..VECS {
                         a[v] = _mm512_dpbf16_ps(a[v], bh(kb), bh(q[v]));
                     }
@@ -862,8 +882,7 @@ mod stub {
         }
         pub fn scores_panel(
             self,
-            _: &[f32],
-            _: usize,
+            _: super::PairKeys<'_>,
             _: (usize, usize),
             _: &[f32],
             _: usize,
