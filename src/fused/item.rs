@@ -851,7 +851,8 @@ impl Kernel for PanelScores<'_> {
     }
 }
 
-/// The block keys `[plo, phi)` some row of the score panel starting at row `r0` sees.
+/// The block keys `[plo, phi)` some row of the score panel starting at row `r0` sees
+/// ([`Block::seen_by`] of its real rows; a panel starts below `t.rows`).
 #[inline(always)]
 fn panel_keys<S: Simd>(
     t: &Tiles,
@@ -859,9 +860,8 @@ fn panel_keys<S: Simd>(
     r0: usize,
     tile: &TileBuffers,
 ) -> Option<(usize, usize)> {
-    let r1 = (r0 + 2 * S::LANES).min(t.ld_s);
-    let real = r0.min(t.rows)..r1.min(t.rows);
-    union_range(&tile.lo[real.clone()], &tile.hi[real], block.j0, block.j1)
+    let real = r0.min(t.rows)..(r0 + 2 * S::LANES).min(t.rows);
+    block.seen_by(&tile.lo[real.clone()], &tile.hi[real])
 }
 
 /// With ALiBi: the distance of each row's diagonal to the block's first key, computed exactly
