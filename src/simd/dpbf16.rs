@@ -10,9 +10,11 @@
 //! * scores, `Sᵀ = K · Qᵀ`: Qᵀ panels hold, per pair of channels `(2p, 2p + 1)`, each query
 //!   row's two channels in its lane ([`Bf16Dot::interleave`] of the f32 panel's steps `2p` and
 //!   `2p + 1`); a K row rounded to bf16 *is* a row of channel pairs ([`Bf16Dot::pair_row`]),
-//!   broadcast one 32-bit pair at a time.
+//!   broadcast one 32-bit pair at a time, and a bf16 row is read where it is stored
+//!   ([`PairKeys`]).
 //! * output, `O = α ⊙ O + P · V`: Pᵀ with the weights of keys `(2j, 2j + 1)` of a row in its
-//!   lane, broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel.
+//!   lane, broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel (bf16 rows
+//!   from their words as stored, [`Pairable`]).
 //!
 //! Decode (few query rows per kv head, channels along the lanes) has its own two kernels, which
 //! read the cache's bf16 rows as stored ([`KeyRows`]):
