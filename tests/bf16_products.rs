@@ -3,8 +3,8 @@
 //! `error_bounds` *with the same options* (which adds the weights' rounding), over output
 //! types, options (masks, bias, windows, ALiBi, softcap, sinks, kv_lens), odd head sizes and
 //! key counts, GQA and both layouts; the path must actually run where it is available, stay
-//! identical for any thread count, count the same score tiles, keep NaN/±∞ semantics, and
-//! leave other types alone. (Paged caches: `kv_cache.rs`.)
+//! identical for any thread count, count the same score tiles, keep NaN/±∞ semantics, give the
+//! same bits whether bf16 K/V rows are read as stored or converted, and leave other types alone. (Paged caches: `kv_cache.rs`.)
 
 use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
@@ -356,8 +356,15 @@ fn rows_in_place_and_packed_give_the_same_bits() {
     // bf16 K/V with unit channel stride are paired as stored; with channel stride 2 they are
     // converted to f32 and rounded back. Both must give the same products, subnormals included
     // (`vdpbf16ps` reads them as zero; the rounding flushes them), in every block shape: odd
-    // key counts, causal rows that see part of a block, GQA.
-    let (b, h, h_kv, n_q, n_kv, d) = (1, 4, 2, 70, 101, 64);
+    // key counts, causal rows that see part of a block, GQA; an odd head size, whose K rows are
+    // copied into pair rows rather than read in place.
+    for d in [64, 37] {
+        in_place_and_packed_at(d);
+    }
+}
+
+fn in_place_and_packed_at(d: usize) {
+    let (b, h, h_kv, n_q, n_kv) = (1, 4, 2, 70, 101);
     let q = to::<bf16>(&values(b * n_q * h * d, 31, 1.0));
     let mut k = to::<bf16>(&values(b * n_kv * h_kv * d, 32, 1.0));
     let mut v = to::<bf16>(&values(b * n_kv * h_kv * d, 33, 1.0));

@@ -1211,8 +1211,8 @@ fn pair_values<E: Pairable>(
 /// The block's K rows rounded to bf16, as rows of `⌈d_k / 2⌉` channel pairs (what the score
 /// panels of [`scores`] read): bf16 rows in place read as stored where every pair is one
 /// 32-bit word of a row (an even head size, an even row stride no shorter than a row, the
-/// block's rows not split between pages), else copied into `pairs_k`; other storage rounded from its f32 rows
-/// ([`KvSource::keys`], into `k_buf`) into `pairs_k`.
+/// block's rows not split between pages), else copied into `pairs_k`; other storage rounded
+/// from its f32 rows ([`KvSource::keys`], into `k_buf`) into `pairs_k`.
 #[inline(always)]
 fn pair_keys<'s, S: Simd, KV: KvSource>(
     s: S,
