@@ -1188,7 +1188,8 @@ impl KeyRows for Columns<'_> {
 
 /// The V rows of a block's `c` keys by key pairs for [`pair_output_product`]: pair `jp` at
 /// `pv[jp · d_vp ..]` holds rows `2jp` and `2jp + 1` interleaved channel by channel (zeros past
-/// `c`), f32 rows rounded to bf16, bf16 rows as stored ([`Pairable`]).
+/// `c`), f32 rows rounded to bf16, bf16 rows as stored ([`Pairable`]). ([`pair_weights`] pairs
+/// Sᵀ's rows the same way.)
 fn pair_values<E: Pairable>(
     bf: Bf16Dot,
     c: usize,
@@ -1259,14 +1260,11 @@ enum BlockKeys<'s> {
     Paired(Bf16Dot, PairKeys<'s>),
 }
 
-/// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 ([`Bf16Dot::interleave`]): pair `jp`
-/// at `p[jp · ld_s ..]` holds each row's weights of keys `2jp` and `2jp + 1` (0 past `c`).
+/// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 (Sᵀ's rows of `ld_s` weights paired
+/// as [`pair_values`] pairs V's rows): pair `jp` at `p[jp · ld_s ..]` holds each row's weights
+/// of keys `2jp` and `2jp + 1` (0 past `c`).
 fn pair_weights(bf: Bf16Dot, c: usize, ld_s: usize, st: &[f32], p: &mut [f32]) {
-    for jp in 0..c.div_ceil(2) {
-        let (a, b) = (2 * jp, 2 * jp + 1);
-        let second = (b < c).then(|| &st[b * ld_s..][..ld_s]);
-        bf.interleave(&st[a * ld_s..][..ld_s], second, &mut p[jp * ld_s..][..ld_s]);
-    }
+    pair_values(bf, c, ld_s, Rows::strided(st, ld_s), p);
 }
 
 /// [`output_product`] with bf16 dot products for decode's bf16 V rows read in place
