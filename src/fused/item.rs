@@ -11,6 +11,7 @@
 //!     scores                   Sᵀ = K·Qᵀ · scale·log₂e, softcap, ALiBi — panel by panel
 //!     bias_and_masks           + bias; −∞ for keys a row does not see
 //!     softmax_update           m' = max(m, rowmax S); P = 2^(S − m'); l = α·l + ΣP
+//!                              (bf16 products: P also rounded and paired by keys)
 //!     output_product           O = α ⊙ O + P·V
 //!     add_non_finite_values    P·v for the set-aside rows, only to the rows that see them
 //! ```
@@ -280,23 +281,32 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.softcap.is_none()
             && p.alibi.is_none()
             && p.bias.is_none();
-        softmax_update(s, &t, &block, known_max, tile);
+        // bf16 products: the block's weights paired by keys as they are written, once for all
+        // heads (every head's output product then takes them, V in place or packed).
+        match bl.pairs {
+            Some(bf) => bf.run(PairedSoftmax {
+                t: &t,
+                block: &block,
+                known_max,
+                tile,
+                bf,
+                p: &mut pairs.p,
+            }),
+            None => softmax_update(s, &t, &block, known_max, tile, None),
+        }
         // 8-bit values in place: every head's weights times their values' scales first, so
         // that the output tile takes the integers.
         let int_values =
             t.int_values && (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
         if int_values {
+            // (bf16 products take bf16 K/V only: the pairs never miss the factors.)
+            debug_assert!(bl.pairs.is_none());
             for g in 0..item.heads {
                 let rows = g * head_rows..(g + 1) * head_rows;
                 cx.kv.value_scales(at(g), scales);
                 spread_factors(&scales[..block.len()], rows, t.ld_s, k_buf);
             }
             apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
-        }
-        // bf16 products: the block's weights by key pairs, once for all heads (every head's
-        // output product then takes them, V in place or packed).
-        if let Some(bf) = bl.pairs {
-            pair_weights(bf, block.len(), t.ld_s, &tile.st, &mut pairs.p);
         }
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
@@ -961,6 +971,13 @@ fn bias_and_masks(
 /// The online softmax over one block, one query row per lane: new running max, rescale factor
 /// `α = 2^(m − m')`, weights `P = 2^(S − m')` in place of the scores, `l ← α·l + ΣP`. The
 /// block's maximum per row is the score tiles' (`known_max`) or found by a pass over Sᵀ.
+///
+/// With `pairs` (bf16 products) the weights are also rounded to bf16 and paired by keys as
+/// they are computed, Pᵀ's layout for the output tiles: pair `jp` at `p[jp · ld_s ..]` holds
+/// each row's weights of keys `2jp` and `2jp + 1` (0 past the block's end), the words
+/// [`Bf16Dot::interleave`] would write from Sᵀ's rows, with no second pass over Sᵀ. (The f32
+/// weights stay in Sᵀ for the value rows set aside as non-finite.) The sums run in key order
+/// either way.
 #[inline(always)]
 fn softmax_update<S: Simd>(
     s: S,
@@ -968,6 +985,7 @@ fn softmax_update<S: Simd>(
     block: &Block,
     known_max: bool,
     tile: &mut TileBuffers,
+    mut pairs: Option<(Bf16Dot, &mut [f32])>,
 ) {
     let c = block.len();
     for r0 in (0..t.ld_s).step_by(S::LANES) {
@@ -983,16 +1001,68 @@ fn softmax_update<S: Simd>(
         let m_new = s.max(s.splat(-f32::MAX), s.max(m_old, mx));
         let alpha = exp2(s, s.sub(m_old, m_new));
         let mut sum = s.splat(0.0);
-        for jj in 0..c {
-            let x = &mut tile.st[jj * t.ld_s + r0..][..S::LANES];
-            let pj = exp2(s, s.sub(s.load(x), m_new));
-            s.store(x, pj);
-            sum = s.add(sum, pj);
+        let st = &mut tile.st[r0..];
+        match &mut pairs {
+            None => {
+                for jj in 0..c {
+                    sum = s.add(sum, weights(s, &mut st[jj * t.ld_s..], m_new));
+                }
+            }
+            Some((bf, p)) => {
+                for jp in 0..c.div_ceil(2) {
+                    let a = weights(s, &mut st[2 * jp * t.ld_s..], m_new);
+                    sum = s.add(sum, a);
+                    let mut b = s.splat(0.0);
+                    if 2 * jp + 1 < c {
+                        b = weights(s, &mut st[(2 * jp + 1) * t.ld_s..], m_new);
+                        sum = s.add(sum, b);
+                    }
+                    s.pair_bf16(*bf, a, b, &mut p[jp * t.ld_s + r0..]);
+                }
+            }
         }
         let l = s.mul_add(s.load(&tile.l[r0..]), alpha, sum);
         s.store(&mut tile.l[r0..], l);
         s.store(&mut tile.m[r0..], m_new);
         s.store(&mut tile.alpha[r0..], alpha);
+    }
+}
+
+/// One key's weights `2^(x − m')` of a lane group of rows, written over its scores `x` (the
+/// first `LANES` values of `st`). (A function, not a closure: a closure is compiled without
+/// the entry point's target features, and its vector operations become calls.)
+#[inline(always)]
+fn weights<S: Simd>(s: S, st: &mut [f32], m_new: S::V) -> S::V {
+    let x = &mut st[..S::LANES];
+    let p = exp2(s, s.sub(s.load(x), m_new));
+    s.store(x, p);
+    p
+}
+
+/// [`softmax_update`] with the weights paired for bf16 products, run through
+/// [`Bf16Dot::run`]'s entry point (the conversion needs its features).
+struct PairedSoftmax<'a> {
+    t: &'a Tiles,
+    block: &'a Block,
+    known_max: bool,
+    tile: &'a mut TileBuffers,
+    bf: Bf16Dot,
+    p: &'a mut [f32],
+}
+
+impl Kernel for PairedSoftmax<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let PairedSoftmax {
+            t,
+            block,
+            known_max,
+            tile,
+            bf,
+            p,
+        } = self;
+        softmax_update(s, t, block, known_max, tile, Some((bf, p)));
     }
 }
 
@@ -1135,7 +1205,7 @@ fn row_groups<S: Simd, E: Lanes>(
 
 /// [`output_product`] with bf16 dot products, the block's V rows and Pᵀ already paired by keys
 /// (`⌈c / 2⌉` pairs, a zero key after an odd count: [`pair_values`] into `pairs.v`,
-/// [`pair_weights`] into `pairs.p`): each row group takes the pairs that hold its visible keys.
+/// [`softmax_update`] into `pairs.p`): each row group takes the pairs that hold its visible keys.
 /// A pair's other key is then one no row of the group sees: its weight is 0, and its value
 /// finite (a block whose keys some row does not see has its non-finite value rows set aside by
 /// [`load_values`], or is not read in place), so it adds exactly nothing.
@@ -1188,8 +1258,8 @@ impl KeyRows for Columns<'_> {
 
 /// The V rows of a block's `c` keys by key pairs for [`pair_output_product`]: pair `jp` at
 /// `pv[jp · d_vp ..]` holds rows `2jp` and `2jp + 1` interleaved channel by channel (zeros past
-/// `c`), f32 rows rounded to bf16, bf16 rows as stored ([`Pairable`]). ([`pair_weights`] pairs
-/// Sᵀ's rows the same way.)
+/// `c`), f32 rows rounded to bf16, bf16 rows as stored ([`Pairable`]). ([`softmax_update`]
+/// pairs the weights the same way.)
 fn pair_values<E: Pairable>(
     bf: Bf16Dot,
     c: usize,
@@ -1260,15 +1330,8 @@ enum BlockKeys<'s> {
     Paired(Bf16Dot, PairKeys<'s>),
 }
 
-/// Pᵀ of a block's `c` keys by key pairs, rounded to bf16 (Sᵀ's rows of `ld_s` weights paired
-/// as [`pair_values`] pairs V's rows): pair `jp` at `p[jp · ld_s ..]` holds each row's weights
-/// of keys `2jp` and `2jp + 1` (0 past `c`).
-fn pair_weights(bf: Bf16Dot, c: usize, ld_s: usize, st: &[f32], p: &mut [f32]) {
-    pair_values(bf, c, ld_s, Rows::strided(st, ld_s), p);
-}
-
 /// [`output_product`] with bf16 dot products for decode's bf16 V rows read in place
-/// ([`Bf16Dot::output_in_place`]), the weights already paired ([`pair_weights`] into
+/// ([`Bf16Dot::output_in_place`]), the weights already paired ([`softmax_update`] into
 /// `p_pairs`): one row group (a kv head's rows are at most `LANES / 2`), panels as wide as
 /// [`panel_vecs`] allows. The rows are found one by one ([`Rows::row`]), not by runs of
 /// adjacent rows as in [`row_groups`]: a pair split between two pages is then still one pair,

@@ -6,7 +6,7 @@
 //! registers 0–15, and the compiler then kept a 4 × 4 dot tile's accumulators in registers
 //! 0–16 as well, spilling five of them to the stack on every step of its loop (zmm17–31 unused).
 
-use super::{Kernel, Simd};
+use super::{dpbf16::Bf16Dot, Kernel, Simd};
 use core::arch::x86_64::*;
 use half::{bf16, f16};
 
@@ -199,6 +199,10 @@ impl Simd for Avx512 {
                 v[12 + k] = _mm512_shuffle_f32x4::<0xDD>(ab_hi, cd_hi);
             }
         }
+    }
+    #[inline(always)]
+    fn pair_bf16(self, bf: Bf16Dot, a: __m512, b: __m512, dst: &mut [f32]) {
+        bf.pair_vectors(a, b, dst);
     }
     #[inline(always)]
     fn load_f16(self, s: &[f16]) -> __m512 {

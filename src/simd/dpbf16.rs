@@ -13,7 +13,7 @@
 //!   broadcast one 32-bit pair at a time, and a bf16 row is read where it is stored
 //!   ([`PairKeys`]).
 //! * output, `O = α ⊙ O + P · V`: Pᵀ with the weights of keys `(2j, 2j + 1)` of a row in its
-//!   lane, broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel (bf16 rows
+//!   lane (rounded and paired as the softmax writes them, [`Bf16Dot::pair_vectors`]), broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel (bf16 rows
 //!   from their words as stored, [`Pairable`]).
 //!
 //! Decode (few query rows per kv head, channels along the lanes) has its own two kernels, which
@@ -36,7 +36,9 @@
 //!
 //! [`Bf16Dot`] proves that the CPU has AVX-512F, BW, VL and BF16. Each public method is one
 //! `#[target_feature]` function that does a whole panel's (or a block's) work, so the call
-//! costs nothing against the tiles it runs.
+//! costs nothing against the tiles it runs, with one exception: [`Bf16Dot::pair_vectors`]
+//! rounds and pairs two vectors of weights inside the softmax loop, which runs through
+//! [`Bf16Dot::run`]'s entry point so that the conversion compiles into the loop.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use imp::Bf16Dot;
@@ -107,7 +109,7 @@ pub(crate) const TILE: usize = 12;
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::{KeyRows, PairKeys, PANEL, TILE};
-    use crate::simd::{Avx512, RowStream, Simd};
+    use crate::simd::{Avx512, Kernel, RowStream, Simd};
     use core::arch::x86_64::*;
     use half::bf16;
 
@@ -150,6 +152,30 @@ mod imp {
             let lanes = Avx512::detect()?;
             (is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"))
                 .then_some(Self { lanes })
+        }
+
+        /// Runs `kernel` on the AVX-512 lanes through an entry point that enables BF16 too,
+        /// so that [`Bf16Dot::pair_vectors`] (which [`Simd::pair_bf16`] calls) compiles into
+        /// the kernel's loop. (Compiled once per kernel type.)
+        pub fn run<K: Kernel>(self, kernel: K) -> K::Output {
+            // SAFETY: the token proves the features.
+            unsafe { run_with_bf16(self.lanes, kernel) }
+        }
+
+        /// [`Bf16Dot::interleave`] of two vectors: `dst[i] = bf16(a[i]) | bf16(b[i]) << 16`
+        /// for `i < 16`. Always inlined, for kernels under [`Bf16Dot::run`] (elsewhere the
+        /// conversion would be a call).
+        #[inline(always)]
+        pub fn pair_vectors(self, a: __m512, b: __m512, dst: &mut [f32]) {
+            let dst = &mut dst[..16];
+            // SAFETY: the token proves the features; `dst` holds 16 f32s (checked above) and
+            // `INTERLEAVE` is 64 bytes.
+            unsafe {
+                let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+                let words = bits(_mm512_cvtne2ps_pbh(b, a));
+                let pairs = _mm512_permutexvar_epi16(idx, words);
+                _mm512_storeu_si512(dst.as_mut_ptr().cast(), pairs);
+            }
         }
 
         /// `dst[i] = bf16(a[i]) | bf16(b[i]) << 16` for `i < dst.len()` (a multiple of 16),
@@ -388,6 +414,13 @@ mod imp {
                 )
             }
         }
+    }
+
+    /// See [`Bf16Dot::run`]. Safety: the features.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn run_with_bf16<K: Kernel>(lanes: Avx512, kernel: K) -> K::Output {
+        kernel.run(lanes)
     }
 
     /// See [`Bf16Dot::interleave`]. Safety: the features; `a`, `b` (if any) and `dst` valid for
@@ -859,7 +892,7 @@ mod imp {
 #[cfg(not(target_arch = "x86_64"))]
 mod stub {
     use super::KeyRows;
-    use crate::simd::RowStream;
+    use crate::simd::{Kernel, RowStream};
 
     /// Uninhabited: [`Bf16Dot::detect`] always answers `None`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -869,6 +902,9 @@ mod stub {
     impl Bf16Dot {
         pub fn detect() -> Option<Self> {
             None
+        }
+        pub fn run<K: Kernel>(self, _: K) -> K::Output {
+            match self {}
         }
         pub fn interleave(self, _: &[f32], _: Option<&[f32]>, _: &mut [f32]) {
             match self {}
@@ -963,6 +999,59 @@ mod tests {
     fn close(got: f32, want: f64, magnitude: f64, what: &str) {
         let err = (f64::from(got) - want).abs();
         assert!(err <= 1e-6 * magnitude + 1e-30, "{what}: {got} vs {want}");
+    }
+
+    /// `Simd::pair_bf16` of every backend (AVX-512 inlined under [`Bf16Dot::run`], the others
+    /// the portable default) writes [`Bf16Dot::interleave`]'s words, ties and overflow to ±∞
+    /// included; NaN stays NaN.
+    #[test]
+    fn pair_bf16_of_every_backend_is_interleave() {
+        use crate::simd::{Avx2Fma, Kernel, Portable, Simd};
+        let Some(bf) = Bf16Dot::detect() else {
+            return;
+        };
+        // Ties at even and odd mantissas, both signs, values past bf16's largest, zeros.
+        let special = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), -2.5e38, 3.4e38, -0.0];
+        let a: Vec<f32> = (0..32)
+            .map(|i| special.get(i).copied().unwrap_or(value(i).to_f32() * 1.37))
+            .collect();
+        let b: Vec<f32> = (0..32)
+            .map(|i| if i == 7 { f32::NAN } else { value(i + 40).to_f32() / 3.0 })
+            .collect();
+        let mut want = vec![0.0f32; 32];
+        bf.interleave(&a, Some(&b), &mut want);
+        struct Pair<'a>(Bf16Dot, &'a [f32], &'a [f32], &'a mut [f32]);
+        impl Kernel for Pair<'_> {
+            type Output = ();
+            fn run<S: Simd>(self, s: S) {
+                let Pair(bf, a, b, out) = self;
+                for i in (0..32).step_by(S::LANES) {
+                    s.pair_bf16(bf, s.load(&a[i..]), s.load(&b[i..]), &mut out[i..]);
+                }
+            }
+        }
+        let check = |got: &[f32], what: &str| {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (g, w) = (g.to_bits(), w.to_bits());
+                let nan = |x: u32| bf16::from_bits((x >> 16) as u16).is_nan();
+                if i == 7 {
+                    assert!(nan(g) && g & 0xFFFF == w & 0xFFFF, "{what}: lane {i}");
+                } else {
+                    assert_eq!(g, w, "{what}: lane {i}");
+                }
+            }
+        };
+        let mut got = vec![0.0f32; 32];
+        bf.run(Pair(bf, &a, &b, &mut got));
+        check(&got, "avx512");
+        let mut got = vec![0.0f32; 32];
+        Pair(bf, &a, &b, &mut got).run(Portable);
+        check(&got, "portable");
+        if let Some(avx2) = Avx2Fma::detect() {
+            let mut got = vec![0.0f32; 32];
+            Pair(bf, &a, &b, &mut got).run(avx2);
+            check(&got, "avx2");
+        }
     }
 
     #[test]

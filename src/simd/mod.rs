@@ -108,6 +108,24 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
             *x = self.load(&col[..n]);
         }
     }
+    /// `a` and `b` rounded to bf16 and paired lane by lane as 32-bit words, `dst[i] =
+    /// bf16(a[i]) | bf16(b[i]) << 16` for `i < LANES` (what [`dpbf16::Bf16Dot::interleave`]
+    /// writes for two slices). AVX-512 converts with `vcvtne2ps2bf16` (inlined under
+    /// [`dpbf16::Bf16Dot::run`]); the default rounds lane by lane, to nearest, ties to even,
+    /// and differs from the instruction only where `vdpbf16ps` cannot tell: it keeps bf16
+    /// subnormals, which the instruction flushes and `vdpbf16ps` reads as zero, and NaN
+    /// payloads.
+    #[inline(always)]
+    fn pair_bf16(self, _: dpbf16::Bf16Dot, a: Self::V, b: Self::V, dst: &mut [f32]) {
+        let n = Self::LANES;
+        let mut x = [0.0f32; 32];
+        self.store(&mut x[..n], a);
+        self.store(&mut x[16..16 + n], b);
+        for (i, d) in dst[..n].iter_mut().enumerate() {
+            let (lo, hi) = (bf16::from_f32(x[i]), bf16::from_f32(x[16 + i]));
+            *d = f32::from_bits(u32::from(lo.to_bits()) | u32::from(hi.to_bits()) << 16);
+        }
+    }
     /// The first `LANES` elements of `s`, converted exactly to f32 (the CPU's conversion
     /// instructions where it has them).
     fn load_f16(self, s: &[f16]) -> Self::V;
