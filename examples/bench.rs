@@ -30,6 +30,9 @@ use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, KvElement, Options, Tensor, TensorMut};
 use std::time::Instant;
 
+const USAGE: &str = "usage: bench [--b N] [--h N] [--hkv N] [--nq N] [--nkv N] [--d N] \
+[--causal] [--threads N] [--reps N] [--peak] [--kv f32|f16|bf16] [--q f32|bf16] [--bf16-products]";
+
 struct Args {
     b: usize,
     h: usize,
@@ -74,6 +77,10 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         if flag == "--causal" || flag == "--peak" || flag == "--bf16-products" {
             a.causal |= flag == "--causal";
             a.peak |= flag == "--peak";
@@ -101,6 +108,19 @@ fn parse() -> Result<Args, String> {
                 }
             };
             continue;
+        }
+        const NUMBERS: [&str; 8] = [
+            "--b",
+            "--h",
+            "--hkv",
+            "--nq",
+            "--nkv",
+            "--d",
+            "--threads",
+            "--reps",
+        ];
+        if !NUMBERS.contains(&flag.as_str()) {
+            return Err(format!("unknown flag {flag}"));
         }
         let value = it
             .next()
@@ -145,7 +165,7 @@ fn main() {
     let a = match parse() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("bench: {e}");
+            eprintln!("bench: {e}\n{USAGE}");
             std::process::exit(2);
         }
     };

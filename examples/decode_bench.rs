@@ -298,6 +298,21 @@ fn batched<Q: Element, T: Cache>(rounds: usize, buf: &[f32]) {
     );
 }
 
+const USAGE: &str = "usage: decode_bench [--threads N] [--rounds N] [--gib X] [--n-kv a,b,c] \
+[--types f32,f16,bf16,bf16p,i8] [--batched] [--bhsd]";
+
+/// A bad command line: the message and the usage on stderr, exit status 2.
+fn usage_error(message: &str) -> ! {
+    eprintln!("decode_bench: {message}\n{USAGE}");
+    std::process::exit(2)
+}
+
+/// `s` parsed, or the usage error naming `flag`.
+fn number<T: std::str::FromStr>(flag: &str, s: &str) -> T {
+    s.parse()
+        .unwrap_or_else(|_| usage_error(&format!("{flag} {s}: not a number")))
+}
+
 fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut rounds, mut gib) = (5usize, 1.0f64);
@@ -306,27 +321,33 @@ fn main() {
     let (mut with_batched, mut bhsd) = (false, false);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--batched" || flag == "--bhsd" {
-            with_batched |= flag == "--batched";
-            bhsd |= flag == "--bhsd";
-            continue;
-        }
-        let value = args
-            .next()
-            .unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
-            "--threads" => threads = value.parse().expect("--threads N"),
-            "--rounds" => rounds = value.parse::<usize>().expect("--rounds N").max(1),
-            "--gib" => gib = value.parse().expect("--gib X"),
-            "--n-kv" => {
-                n_kvs = value
-                    .split(',')
-                    .map(|x| x.parse().expect("--n-kv a,b,c"))
-                    .collect()
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return;
             }
-            "--types" => types = value.split(',').map(str::to_string).collect(),
-            _ => panic!("unknown flag {flag}"),
+            "--batched" => with_batched = true,
+            "--bhsd" => bhsd = true,
+            "--threads" | "--rounds" | "--gib" | "--n-kv" | "--types" => {
+                let value = args
+                    .next()
+                    .unwrap_or_else(|| usage_error(&format!("{flag} needs a value")));
+                match flag.as_str() {
+                    "--threads" => threads = number(&flag, &value),
+                    "--rounds" => rounds = number::<usize>(&flag, &value).max(1),
+                    "--gib" => gib = number(&flag, &value),
+                    "--n-kv" => n_kvs = value.split(',').map(|x| number(&flag, x)).collect(),
+                    _ => types = value.split(',').map(str::to_string).collect(),
+                }
+            }
+            _ => usage_error(&format!("unknown flag {flag}")),
         }
+    }
+    if let Some(t) = types
+        .iter()
+        .find(|t| !["f32", "f16", "bf16", "bf16p", "i8"].contains(&t.as_str()))
+    {
+        usage_error(&format!("unknown type {t}"));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -225,15 +225,24 @@ fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rounds = 5;
     let mut it = std::env::args().skip(1);
+    const USAGE: &str = "usage: kv_cache_bench [--threads N] [--rounds N]";
     while let Some(flag) = it.next() {
-        let value: usize = it
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{flag} needs a number"));
-        match flag.as_str() {
-            "--threads" => threads = value,
-            "--rounds" => rounds = value.max(1),
-            _ => panic!("unknown flag {flag}"),
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            return;
+        }
+        let value: Option<usize> = it.next().and_then(|v| v.parse().ok());
+        match (flag.as_str(), value) {
+            ("--threads", Some(n)) => threads = n,
+            ("--rounds", Some(n)) => rounds = n.max(1),
+            ("--threads" | "--rounds", None) => {
+                eprintln!("kv_cache_bench: {flag} needs a number\n{USAGE}");
+                std::process::exit(2);
+            }
+            _ => {
+                eprintln!("kv_cache_bench: unknown flag {flag}\n{USAGE}");
+                std::process::exit(2);
+            }
         }
     }
     let pool = rayon::ThreadPoolBuilder::new()

@@ -1011,12 +1011,24 @@ mod tests {
             return;
         };
         // Ties at even and odd mantissas, both signs, values past bf16's largest, zeros.
-        let special = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), -2.5e38, 3.4e38, -0.0];
+        let special = [
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            -2.5e38,
+            3.4e38,
+            -0.0,
+        ];
         let a: Vec<f32> = (0..32)
             .map(|i| special.get(i).copied().unwrap_or(value(i).to_f32() * 1.37))
             .collect();
         let b: Vec<f32> = (0..32)
-            .map(|i| if i == 7 { f32::NAN } else { value(i + 40).to_f32() / 3.0 })
+            .map(|i| {
+                if i == 7 {
+                    f32::NAN
+                } else {
+                    value(i + 40).to_f32() / 3.0
+                }
+            })
             .collect();
         let mut want = vec![0.0f32; 32];
         bf.interleave(&a, Some(&b), &mut want);
