@@ -13,8 +13,9 @@
 //!   broadcast one 32-bit pair at a time, and a bf16 row is read where it is stored
 //!   ([`PairKeys`]).
 //! * output, `O = α ⊙ O + P · V`: Pᵀ with the weights of keys `(2j, 2j + 1)` of a row in its
-//!   lane (rounded and paired as the softmax writes them, [`Bf16Dot::pair_vectors`]), broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel (bf16 rows
-//!   from their words as stored, [`Pairable`]).
+//!   lane (rounded and paired as the softmax writes them, [`Bf16Dot::pair_vectors`]),
+//!   broadcast; V with rows `2j` and `2j + 1` interleaved channel by channel (bf16 rows from
+//!   their words as stored, [`Pairable`]).
 //!
 //! Decode (few query rows per kv head, channels along the lanes) has its own two kernels, which
 //! read the cache's bf16 rows as stored ([`KeyRows`]):
