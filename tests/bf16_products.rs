@@ -4,7 +4,8 @@
 //! types, options (masks, bias, windows, ALiBi, softcap, sinks, kv_lens), odd head sizes and
 //! key counts, GQA and both layouts; the path must actually run where it is available, stay
 //! identical for any thread count, count the same score tiles, keep NaN/±∞ semantics, give the
-//! same bits whether bf16 K/V rows are read as stored or converted, and leave other types alone. (Paged caches: `kv_cache.rs`.)
+//! same bits whether bf16 K/V rows are read as stored or converted, and leave other types
+//! alone. (Paged caches: `kv_cache.rs`.)
 
 use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, Options, Tensor, TensorMut};

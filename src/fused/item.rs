@@ -1054,15 +1054,8 @@ impl Kernel for PairedSoftmax<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let PairedSoftmax {
-            t,
-            block,
-            known_max,
-            tile,
-            bf,
-            p,
-        } = self;
-        softmax_update(s, t, block, known_max, tile, Some((bf, p)));
+        let pairs = Some((self.bf, self.p));
+        softmax_update(s, self.t, self.block, self.known_max, self.tile, pairs);
     }
 }
 

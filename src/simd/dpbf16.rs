@@ -169,14 +169,8 @@ mod imp {
         #[inline(always)]
         pub fn pair_vectors(self, a: __m512, b: __m512, dst: &mut [f32]) {
             let dst = &mut dst[..16];
-            // SAFETY: the token proves the features; `dst` holds 16 f32s (checked above) and
-            // `INTERLEAVE` is 64 bytes.
-            unsafe {
-                let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
-                let words = bits(_mm512_cvtne2ps_pbh(b, a));
-                let pairs = _mm512_permutexvar_epi16(idx, words);
-                _mm512_storeu_si512(dst.as_mut_ptr().cast(), pairs);
-            }
+            // SAFETY: the token proves the features; `dst` holds 16 f32s (checked above).
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), pair_words(a, b)) }
         }
 
         /// `dst[i] = bf16(a[i]) | bf16(b[i]) << 16` for `i < dst.len()` (a multiple of 16),
@@ -424,23 +418,33 @@ mod imp {
         kernel.run(lanes)
     }
 
+    /// Lane `i`: `bf16(x[i]) | bf16(y[i]) << 16` (the pairs of [`Bf16Dot::interleave`] and
+    /// [`Bf16Dot::pair_vectors`]). Safety: the features (AVX-512BW and BF16).
+    #[inline(always)]
+    unsafe fn pair_words(x: __m512, y: __m512) -> __m512i {
+        // SAFETY: the caller's features; `INTERLEAVE` is 64 bytes.
+        unsafe {
+            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+            // x's 16 values in the low 16 words, y's in the high; then word i of each half
+            // side by side.
+            let words = bits(_mm512_cvtne2ps_pbh(y, x));
+            _mm512_permutexvar_epi16(idx, words)
+        }
+    }
+
     /// See [`Bf16Dot::interleave`]. Safety: the features; `a`, `b` (if any) and `dst` valid for
     /// `n` f32s, `n` a multiple of 16.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn interleave(a: *const f32, b: Option<*const f32>, dst: *mut f32, n: usize) {
-        // SAFETY (whole body): the caller's contract; `INTERLEAVE` is 64 bytes.
+        // SAFETY (whole body): the caller's contract.
         unsafe {
-            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
             for i in (0..n).step_by(16) {
                 let x = _mm512_loadu_ps(a.add(i));
                 let y = match b {
                     Some(b) => _mm512_loadu_ps(b.add(i)),
                     None => _mm512_setzero_ps(),
                 };
-                // x's 16 values in the low 16 words, y's in the high; then word i of each
-                // half side by side.
-                let words = bits(_mm512_cvtne2ps_pbh(y, x));
-                _mm512_storeu_si512(dst.add(i).cast(), _mm512_permutexvar_epi16(idx, words));
+                _mm512_storeu_si512(dst.add(i).cast(), pair_words(x, y));
             }
         }
     }
