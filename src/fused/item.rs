@@ -283,9 +283,9 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.bias.is_none();
         // bf16 products: the block's weights paired by keys as they are written, once for all
         // heads (every head's output product then takes them, V in place or packed). Pairs
-        // exist only for bf16 K/V ([`crate::problem::Problem::bf16_products`]); matching on
-        // `KV::BF16` too keeps the paired softmax out of the other types' kernels, whose
-        // code it otherwise changes: with it, i8 decode took 1.2× as long (Zen 4).
+        // exist only with bf16 Q and K/V (`Problem::bf16_products`); matching on `KV::BF16`
+        // too keeps the paired softmax out of the other types' kernels, whose compiled loops
+        // it otherwise changes: with it, i8 decode took 1.2× as long (Zen 4, 2026-12-05).
         match bl.pairs {
             Some(bf) if KV::BF16 => bf.run(PairedSoftmax {
                 t: &t,
