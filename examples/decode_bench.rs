@@ -18,7 +18,8 @@
 //! sdpa reaches.
 //!
 //! i8 caches come with per-(token, kv head) scales (`Options::kv_scales`), whose bytes are
-//! counted as K/V bytes.
+//! counted as K/V bytes; `i8c` is the same cache with per-(kv head, channel) scales and `i8t`
+//! with one scale per tensor (both broadcast views, their few bytes counted too).
 //!
 //! `bf16p` is a bf16 cache read by bf16 dot products (`Options::bf16_products`; AVX512_BF16),
 //! which take bf16 Q too: Q is then bf16 (the output stays f32).
@@ -27,7 +28,8 @@
 //! (`kv_lens`), counting only the live keys' bytes.
 //!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5), `--gib X`,
-//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16,i8` (and `bf16p`),
+//! `--n-kv a,b,c` (default 4096,16384,65536), `--types f32,f16,bf16,i8` (and `bf16p`, `i8c`,
+//! `i8t`),
 //! `--batched`, `--bhsd`
 //! (caches laid out `[B, H_kv, n_kv, d]` instead of `[B, n_kv, H_kv, d]`).
 
@@ -162,12 +164,49 @@ fn convert<T: Cache>(x: &[f32]) -> Vec<T> {
     x.iter().map(|&v| T::from_unit(v)).collect()
 }
 
-/// The scales of `keys` tokens (one per kv head), as K/V views of `layout`, for i8 caches.
-fn scale_views(scales: &[f32], batch: usize, keys: usize, bhsd: bool) -> Tensor<'_, f32> {
-    if bhsd {
-        Tensor::bhsd(scales, [batch, H_KV, keys, 1]).unwrap()
-    } else {
-        Tensor::bshd(scales, [batch, keys, H_KV, 1]).unwrap()
+/// How an i8 cache's scales vary: the granularities of `Options::kv_scales`.
+#[derive(Clone, Copy, PartialEq)]
+enum Granularity {
+    /// One scale per (token, kv head): `i8`.
+    Token,
+    /// One per (kv head, channel), the same for every token: `i8c`.
+    Channel,
+    /// One for the whole tensor: `i8t`.
+    Tensor,
+}
+
+impl Granularity {
+    /// The scales a cache of `keys` tokens reads.
+    fn len(self, keys: usize) -> usize {
+        match self {
+            Granularity::Token => keys * H_KV,
+            Granularity::Channel => H_KV * D,
+            Granularity::Tensor => 1,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Granularity::Token => "",
+            Granularity::Channel => "c",
+            Granularity::Tensor => "t",
+        }
+    }
+}
+
+/// The scales of `keys` tokens at granularity `g`, as K/V views of `layout`, for i8 caches.
+fn scale_views(
+    scales: &[f32],
+    g: Granularity,
+    batch: usize,
+    keys: usize,
+    bhsd: bool,
+) -> Tensor<'_, f32> {
+    match g {
+        Granularity::Token if bhsd => Tensor::bhsd(scales, [batch, H_KV, keys, 1]).unwrap(),
+        Granularity::Token => Tensor::bshd(scales, [batch, keys, H_KV, 1]).unwrap(),
+        Granularity::Channel => Tensor::bshd(scales, [1, 1, H_KV, D]).unwrap(),
+        Granularity::Tensor => Tensor::bshd(scales, [1, 1, 1, 1]).unwrap(),
     }
 }
 
@@ -182,16 +221,26 @@ fn query<Q: Element>(n: usize) -> (Vec<Q>, Options<'static>) {
     (q, opts)
 }
 
-/// The name a line is printed under: the cache type, `bf16p` with bf16 products.
-fn label<Q: Element, T: Cache>() -> String {
-    format!("{}{}", T::NAME, if Q::NAME == "bf16" { "p" } else { "" })
+/// The name a line is printed under: the cache type, `bf16p` with bf16 products, `i8c`/`i8t`
+/// with per-channel/per-tensor scales.
+fn label<Q: Element, T: Cache>(g: Granularity) -> String {
+    let p = if Q::NAME == "bf16" { "p" } else { "" };
+    let g = if T::QUANTIZED { g.suffix() } else { "" };
+    format!("{}{p}{g}", T::NAME)
 }
 
-/// Layers of `n_kv`-key caches of type `T` filling `gib`, Q of type `Q`: prints one line.
-fn layers<Q: Element, T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool, buf: &[f32]) {
+/// Layers of `n_kv`-key caches of type `T` (i8: scales of granularity `g`) filling `gib`, Q of
+/// type `Q`: prints one line.
+fn layers<Q: Element, T: Cache>(
+    rounds: usize,
+    gib: f64,
+    n_kv: usize,
+    (bhsd, g): (bool, Granularity),
+    buf: &[f32],
+) {
     let per_layer = n_kv * H_KV * D;
-    // i8: the scales (4 bytes per token and kv head, of K and of V) are read too.
-    let scale_bytes = if T::QUANTIZED { 2 * n_kv * H_KV * 4 } else { 0 };
+    // i8: the scales (4 bytes each, of K and of V) are read too.
+    let scale_bytes = if T::QUANTIZED { 2 * g.len(n_kv) * 4 } else { 0 };
     let layer_bytes = 2 * per_layer * std::mem::size_of::<T>() + scale_bytes;
     let n_layers = ((gib * (1u64 << 30) as f64) / layer_bytes as f64).ceil() as usize;
     let src = values(per_layer, 7);
@@ -209,7 +258,7 @@ fn layers<Q: Element, T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool
         })
         .collect();
     let scales: Vec<Vec<f32>> = (0..n_layers * usize::from(T::QUANTIZED))
-        .map(|_| vec![1.0 / 127.0; n_kv * H_KV])
+        .map(|_| vec![1.0 / 127.0; g.len(n_kv)])
         .collect();
     let (q, plain) = query::<Q>(H * D);
     let mut out = vec![0.0f32; H * D];
@@ -232,7 +281,7 @@ fn layers<Q: Element, T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool
                 let mut o = TensorMut::bshd(&mut out, [1, 1, H, D]).unwrap();
                 let opts = match scales.get(l) {
                     Some(s) => {
-                        let sv = scale_views(s, 1, n_kv, bhsd);
+                        let sv = scale_views(s, g, 1, n_kv, bhsd);
                         plain.clone().kv_scales(sv, sv)
                     }
                     None => plain.clone(),
@@ -244,7 +293,7 @@ fn layers<Q: Element, T: Cache>(rounds: usize, gib: f64, n_kv: usize, bhsd: bool
     );
     println!(
         "{:>5} n_kv {n_kv:>6} × {n_layers:>3} layers ({:.2} GB): sdpa {sdpa:5.2} GB/s ({:.2} ms/step), read {read:5.2} GB/s, sdpa/read {:.2}",
-        label::<Q, T>(),
+        label::<Q, T>(g),
         bytes / 1e9,
         bytes / sdpa / 1e6,
         sdpa / read
@@ -275,7 +324,7 @@ fn batched<Q: Element, T: Cache>(rounds: usize, buf: &[f32]) {
     let scales = vec![1.0f32 / 127.0; b * max_len * H_KV];
     let mut opts = opts.causal(Alignment::BottomRight).kv_lens(&lens);
     if T::QUANTIZED {
-        let sv = scale_views(&scales, b, max_len, false);
+        let sv = scale_views(&scales, Granularity::Token, b, max_len, false);
         opts = opts.kv_scales(sv, sv);
     }
     let live: usize = lens.iter().sum();
@@ -292,14 +341,14 @@ fn batched<Q: Element, T: Cache>(rounds: usize, buf: &[f32]) {
     );
     println!(
         "{:>5} batched B = 8, 1k-32k keys ({:.2} GB live): sdpa {sdpa:5.2} GB/s, read {read:5.2} GB/s, sdpa/read {:.2}",
-        label::<Q, T>(),
+        label::<Q, T>(Granularity::Token),
         bytes / 1e9,
         sdpa / read
     );
 }
 
 const USAGE: &str = "usage: decode_bench [--threads N] [--rounds N] [--gib X] [--n-kv a,b,c] \
-[--types f32,f16,bf16,bf16p,i8] [--batched] [--bhsd]";
+[--types f32,f16,bf16,bf16p,i8,i8c,i8t] [--batched] [--bhsd]";
 
 /// A bad command line: the message and the usage on stderr, exit status 2.
 fn usage_error(message: &str) -> ! {
@@ -345,7 +394,7 @@ fn main() {
     }
     if let Some(t) = types
         .iter()
-        .find(|t| !["f32", "f16", "bf16", "bf16p", "i8"].contains(&t.as_str()))
+        .find(|t| !["f32", "f16", "bf16", "bf16p", "i8", "i8c", "i8t"].contains(&t.as_str()))
     {
         usage_error(&format!("unknown type {t}"));
     }
@@ -362,12 +411,15 @@ fn main() {
     pool.install(|| {
         for ty in &types {
             for &n_kv in &n_kvs {
+                let (r, token) = (rounds, (bhsd, Granularity::Token));
                 match ty.as_str() {
-                    "f32" => layers::<f32, f32>(rounds, gib, n_kv, bhsd, &buf),
-                    "f16" => layers::<f32, f16>(rounds, gib, n_kv, bhsd, &buf),
-                    "bf16" => layers::<f32, bf16>(rounds, gib, n_kv, bhsd, &buf),
-                    "bf16p" => layers::<bf16, bf16>(rounds, gib, n_kv, bhsd, &buf),
-                    "i8" => layers::<f32, i8>(rounds, gib, n_kv, bhsd, &buf),
+                    "f32" => layers::<f32, f32>(r, gib, n_kv, token, &buf),
+                    "f16" => layers::<f32, f16>(r, gib, n_kv, token, &buf),
+                    "bf16" => layers::<f32, bf16>(r, gib, n_kv, token, &buf),
+                    "bf16p" => layers::<bf16, bf16>(r, gib, n_kv, token, &buf),
+                    "i8" => layers::<f32, i8>(r, gib, n_kv, token, &buf),
+                    "i8c" => layers::<f32, i8>(r, gib, n_kv, (bhsd, Granularity::Channel), &buf),
+                    "i8t" => layers::<f32, i8>(r, gib, n_kv, (bhsd, Granularity::Tensor), &buf),
                     other => panic!("unknown type {other}"),
                 }
             }
@@ -375,7 +427,7 @@ fn main() {
                 match ty.as_str() {
                     "f32" => batched::<f32, f32>(rounds, &buf),
                     "f16" => batched::<f32, f16>(rounds, &buf),
-                    "i8" => batched::<f32, i8>(rounds, &buf),
+                    "i8" | "i8c" | "i8t" => batched::<f32, i8>(rounds, &buf),
                     "bf16p" => batched::<bf16, bf16>(rounds, &buf),
                     _ => batched::<f32, bf16>(rounds, &buf),
                 }

@@ -291,6 +291,33 @@ fn invalid_scales_are_found_in_every_layout() {
 }
 
 #[test]
+fn zero_stride_views_of_the_full_dims_are_checked_value_by_value() {
+    // Broadcast views with K's full dims `[2, 100, 2, 32]` and zero strides: per tensor, per
+    // (kv head, channel), per (batch, kv head). Each stored scale is checked (once), and a bad
+    // one is reported at its storage index.
+    let dims = [2, 100, 2, 32];
+    let views: [([usize; 4], usize); 3] = [([0; 4], 1), ([0, 0, 32, 1], 64), ([2, 0, 1, 0], 4)];
+    for (strides, len) in views {
+        let ok = vec![0.02f32; len];
+        run_with_key_scales(&ok, dims, strides).unwrap();
+        for at in 0..len {
+            let mut bad = ok.clone();
+            bad[at] = f32::NAN;
+            let e = run_with_key_scales(&bad, dims, strides).unwrap_err();
+            assert_eq!(
+                e,
+                Error::InvalidValue {
+                    operand: Operand::KeyScales,
+                    index: at,
+                    reason: "scale is not finite, or |scale|·128 overflows f32",
+                },
+                "strides {strides:?}, scale {at}"
+            );
+        }
+    }
+}
+
+#[test]
 fn invalid_scales_are_typed_errors_and_write_nothing() {
     let dims = [1, 1, 2, 32];
     let ok = vec![0.01f32; 64];
