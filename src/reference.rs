@@ -275,10 +275,13 @@ fn gamma(n: usize) -> f64 {
 ///    one more rounding in every score product (`γ_{d_k+3}` in step 1) and values off by
 ///    `u · max‖v‖` (one more `u` in the output bound below). Decode may instead take rows
 ///    with one scale each as integers and round `(q·k_i8) · scale` once per score and
-///    `p · scale` once per weight: the same relative `u` per term. Where such a product, or a
-///    dequantized value, rounds to a subnormal it errs by up to `η` absolute: a score by
-///    `|scale| · η · (1 + Σ_p |q_ip|)`, the output by `128 η` per key (a weight's error
-///    times an integer, or a value's times a weight ≤ 1).
+///    `p · scale` once per weight, or, with scales that vary along channels only, round
+///    `q_p · scale_p` once per product (Q folded) and `o_p · scale_p` once per output: the
+///    same relative `u` per term. Where such a product, or a dequantized value, rounds to a
+///    subnormal it errs by up to `η` absolute: a score by `|scale| · η · (1 + Σ_p |q_ip| +
+///    128 d_k)` (a folded query's error times an integer), the output by `128 η` per key (a
+///    weight's error times an integer, or a value's times a weight ≤ 1; a folded output's
+///    one `η` is within it).
 ///
 /// 7. [`Options::bf16_products`] (bf16 Q and K/V; the option changes nothing for other types):
 ///    the kernel rounds the weights `P` to bf16 (unit roundoff `u_b = 2⁻⁸`) and its bf16 dot
@@ -358,7 +361,7 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     }
                     if KV::QUANTIZED {
                         // Subnormal roundings (step 6): `norms` ≥ Σ|q|.
-                        e += scale * ETA * (1.0 + norms);
+                        e += scale * ETA * (1.0 + norms + 128.0 * p.d_k as f64);
                     }
                     if let Some(cap) = p.softcap {
                         // tanh is 1-Lipschitz, so e does not grow; evaluating it through the

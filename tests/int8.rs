@@ -82,9 +82,19 @@ fn case<Q: Element, O: Element>(dims: [usize; 6], g: Granularity, seed: u64) {
 
 /// [`case`] with K scaled at `gk`, V at `gv`, and Q's values times `q_mag`.
 fn case_with<Q: Element, O: Element>(
+    dims: [usize; 6],
+    gs: [Granularity; 2],
+    q_mag: f32,
+    seed: u64,
+) {
+    case_scaled::<Q, O>(dims, gs, [q_mag, 1.0], seed);
+}
+
+/// [`case_with`], V's scales also times `v_mag`.
+fn case_scaled<Q: Element, O: Element>(
     [b, n_q, h, h_kv, n_kv, d]: [usize; 6],
     [gk, gv]: [Granularity; 2],
-    q_mag: f32,
+    [q_mag, v_mag]: [f32; 2],
     seed: u64,
 ) {
     let q32 = values(b * n_q * h * d, seed);
@@ -93,7 +103,8 @@ fn case_with<Q: Element, O: Element>(
     let v = quantized(b * n_kv * h_kv * d, seed + 2);
     let kv_dims = [b, n_kv, h_kv, d];
     let (ks, ks_dims) = scales(gk, kv_dims, seed + 3);
-    let (vs, vs_dims) = scales(gv, kv_dims, seed + 4);
+    let (mut vs, vs_dims) = scales(gv, kv_dims, seed + 4);
+    vs.iter_mut().for_each(|x| *x *= v_mag);
     let qv = Tensor::bshd(&q, [b, n_q, h, d]).unwrap();
     let kv = Tensor::bshd(&k, kv_dims).unwrap();
     let vv = Tensor::bshd(&v, kv_dims).unwrap();
@@ -123,7 +134,7 @@ fn case_with<Q: Element, O: Element>(
         let opts = opts.kv_scales(ksv, vsv);
         let label = format!(
             "Q {} out {} {gk:?}/{gv:?} [b {b}, n_q {n_q}, h {h}/{h_kv}, n_kv {n_kv}, d {d}] \
-             |q| ≤ {q_mag} {name}",
+             |q| ≤ {q_mag}, V scales ×{v_mag} {name}",
             Q::NAME,
             O::NAME
         );
@@ -161,11 +172,13 @@ fn every_granularity_against_the_reference_half() {
     case::<f16, f32>(DECODE, Granularity::HeadChannel, 51);
 }
 
-/// Decode reads rows with one scale each in place (integers in the products, the scales on
-/// the scores and weights) and dequantizes the others: K and V each way round, a head size
-/// too small for the in-place path's factors (`d = 8` under 16 stacked rows), and queries so
-/// large that the integer dot products would overflow f32 before the scale (`128 · Σ|q|`
-/// beyond it: keys dequantized, values still in place), all against the reference.
+/// Decode reads rows whose scales vary along one axis in place (integers in the products;
+/// per-key scales on the scores and weights, per-channel ones folded into Q and the output)
+/// and dequantizes the others: K and V each way round, a head size too small for the
+/// in-place path's factors (`d = 8` under 16 stacked rows), queries so large that the integer
+/// dot products would overflow f32 before the scale (`128 · Σ|q|` beyond it, with per-key
+/// scales and with Q times per-channel ones: keys dequantized, values still in place), and
+/// large per-channel V scales, all against the reference.
 #[test]
 fn decode_in_place_and_dequantized_rows_against_the_reference() {
     use Granularity::{HeadChannel, Tensor, TokenHead};
@@ -183,6 +196,40 @@ fn decode_in_place_and_dequantized_rows_against_the_reference() {
     case_with::<f32, f32>([1, 2, 8, 2, 500, 64], [TokenHead; 2], 1.0, 65);
     case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [TokenHead; 2], 1e34, 66);
     case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [Tensor; 2], 1e32, 67);
+    case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [HeadChannel; 2], 1e36, 68);
+    let dims = [1, 1, 8, 2, 600, 128];
+    case_scaled::<f32, f32>(dims, [TokenHead, HeadChannel], [1.0, 1e33], 69);
+}
+
+/// Per-channel V scales at README's documented limit (`|v|·n_visible` up to 2·10³⁸, below
+/// `f32::MAX`) on values that all are 127: every output is `127 · scale`, finite, with the
+/// scales folded into the output (`(Σ p_j·127)·s`) as with the values dequantized.
+#[test]
+fn channel_scales_at_the_documented_limit_do_not_overflow() {
+    let (h, h_kv, n_kv, d) = (8, 2, 600, 128);
+    let q = values(h * d, 80);
+    let k = quantized(n_kv * h_kv * d, 81);
+    let v = vec![127i8; n_kv * h_kv * d];
+    let ks = vec![1.0f32 / 127.0; h_kv * d];
+    let scale = f32::MAX / 128.0 / 1024.0;
+    let vs = vec![scale; h_kv * d];
+    let mut out = vec![0.0f32; h * d];
+    let kv_dims = [1, n_kv, h_kv, d];
+    sdpa::attention(
+        &Tensor::bshd(&q, [1, 1, h, d]).unwrap(),
+        &Tensor::bshd(&k, kv_dims).unwrap(),
+        &Tensor::bshd(&v, kv_dims).unwrap(),
+        &mut TensorMut::bshd(&mut out, [1, 1, h, d]).unwrap(),
+        &with_scales(&Options::new(), &ks, &vs, [1, 1, h_kv, d]),
+    )
+    .unwrap();
+    let want = 127.0 * f64::from(scale);
+    for &x in &out {
+        assert!(
+            (f64::from(x) - want).abs() <= want * 1e-5,
+            "{x} against {want}"
+        );
+    }
 }
 
 /// Runs dense i8 attention (B = 2, n_q = 3, H = 4, H_kv = 2, n_kv = 100, d = 32) with the
@@ -481,6 +528,46 @@ fn paged_and_packed_equal_dense() {
         ),
         "{e}"
     );
+
+    // Scales of other shapes over the same pool: one per (page, kv head) varies along a
+    // sequence's keys (as the dense per-token scales it expands to), one per (kv head,
+    // channel) does not (the same view for both).
+    let per_page: Vec<f32> = (0..pages * srow)
+        .map(|i| (1.0 + (i % 5) as f32) / 300.0)
+        .collect();
+    let expanded: Vec<f32> = (0..b * cap * srow)
+        .map(|i| {
+            let (key, g) = (i / srow, i % srow);
+            let (s, t) = (key / cap, key % cap);
+            per_page[table[s * pps + t / page] as usize * srow + g]
+        })
+        .collect();
+    let (channel, _) = scales(Granularity::HeadChannel, [1, 1, h_kv, d], 14);
+    let shapes: [(&[f32], [usize; 4], &[f32], [usize; 4]); 2] = [
+        (&per_page, [pages, 1, h_kv, 1], &expanded, [b, cap, h_kv, 1]),
+        (&channel, [1, 1, h_kv, d], &channel, [1, 1, h_kv, d]),
+    ];
+    for (paged_scales, paged_dims, dense_scales, dense_dims) in shapes {
+        let mut want = vec![0.0f32; n_out];
+        sdpa::attention(
+            &qv,
+            &Tensor::bshd(&k, [b, cap, h_kv, d]).unwrap(),
+            &Tensor::bshd(&v, [b, cap, h_kv, d]).unwrap(),
+            &mut TensorMut::bshd(&mut want, [b, n_q, h, d]).unwrap(),
+            &with_scales(&opts, dense_scales, dense_scales, dense_dims),
+        )
+        .unwrap();
+        let mut got = vec![9.0f32; n_out];
+        sdpa::attention_paged(
+            &qv,
+            &paged,
+            &mut TensorMut::bshd(&mut got, [b, n_q, h, d]).unwrap(),
+            None,
+            &with_scales(&opts, paged_scales, paged_scales, paged_dims),
+        )
+        .unwrap();
+        assert_eq!(bits(&got), bits(&want), "paged, scales {paged_dims:?}");
+    }
 
     // Packed: the sequences' live keys back to back.
     let cu: Vec<usize> = std::iter::once(0)

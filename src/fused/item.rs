@@ -91,11 +91,17 @@ struct Tiles {
     /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
     /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
     by_channels: bool,
-    /// 8-bit rows with one scale each may be read in place (by channels; [`spread_factors`]):
-    /// values always, keys where every row's dot product with integers of magnitude ≤ 128
-    /// stays finite in f32 before the key's scale multiplies it ([`int_dots_finite`]).
+    /// 8-bit rows read in place (by channels, scales varying along one axis only; see
+    /// [`super::quant`]): keys where every row's dot product with integers of magnitude ≤ 128
+    /// stays finite in f32 before any scale multiplies it ([`int_dots_finite`]), values
+    /// always.
     int_values: bool,
     int_keys: bool,
+    /// Of those, K's scales folded into Q's rows ([`fold_key_scales`]) and V's into the output
+    /// ([`scale_output_channels`]); otherwise each key's scale multiplies its scores and
+    /// weights ([`spread_factors`]).
+    k_fold: bool,
+    v_fold: bool,
 }
 
 /// One key block `j0 .. j1` (absolute key indices).
@@ -151,11 +157,29 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         by_channels: bl.by_channels(),
         int_values: false,
         int_keys: false,
+        k_fold: false,
+        v_fold: false,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
     // The K block buffer, unused when keys are read in place, holds the factors then.
-    t.int_values = KV::I8 && t.by_channels && t.ld_s <= t.d_k;
-    t.int_keys = t.int_values && int_dots_finite(s, &sc.tile.qt[..rows * t.d_k]);
+    let int_rows = KV::I8 && t.by_channels && t.ld_s <= t.d_k;
+    if int_rows {
+        t.k_fold = fold_key_scales(cx, item, &t, &mut sc.tile.qt);
+        t.int_keys = int_dots_finite(s, &sc.tile.qt[..rows * t.d_k]);
+        if t.k_fold && !t.int_keys {
+            // The keys are dequantized after all: Q as given.
+            pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
+            t.k_fold = false;
+        }
+        t.int_values = true;
+        // (`(Σ_j p_j·v_j)·s` is the sum the dequantized rows accumulate, so it overflows only
+        // where theirs does: values with `|v|·n_visible` near `f32::MAX`, README's documented
+        // limit.)
+        t.v_fold = cx
+            .kv
+            .channel_scales(true, item.batch, item.kv_head)
+            .is_some();
+    }
     if let Some(bf) = bl.pairs {
         pair_queries(bf, &t, &sc.tile.qt, &mut sc.pairs.qt);
     }
@@ -170,6 +194,54 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         keys: (first, last),
         sc,
     });
+    if t.v_fold {
+        scale_output_channels(cx, item, &t, &mut sc.tile.o);
+    }
+}
+
+/// 8-bit keys whose scales vary along channels only ([`KvSource::channel_scales`]): each
+/// head's Q rows (by channels, `qt` rows of `d_k`) times its keys' channel scales, so that
+/// the dot products take the integers with no per-key factor: `q·(k ⊙ s) = (q ⊙ s)·k`, one
+/// rounding per product as dequantizing has. Returns whether it folded (never partly: the
+/// scales' shape is the call's).
+fn fold_key_scales(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt: &mut [f32]) -> bool {
+    let head_rows = t.rows / item.heads;
+    let kv = &cx.kv;
+    if kv.channel_scales(false, item.batch, item.kv_head).is_none() {
+        return false;
+    }
+    for (g, rows) in qt[..t.rows * t.d_k]
+        .chunks_exact_mut(head_rows * t.d_k)
+        .enumerate()
+    {
+        if let Some(scales) = kv.channel_scales(false, item.batch, item.kv_head + g) {
+            for row in rows.chunks_exact_mut(t.d_k) {
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x *= scales.get(c);
+                }
+            }
+        }
+    }
+    true
+}
+
+/// `O ⊙= s` for each head's rows: V's channel scales applied to the item's unnormalized
+/// output once, after its last block: `Σ_j p_j·(v_j ⊙ s) = (Σ_j
+/// p_j·v_j) ⊙ s`, one rounding per output in place of one per value.
+fn scale_output_channels(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, o: &mut [f32]) {
+    let head_rows = t.rows / item.heads;
+    for (g, rows) in o[..t.rows * t.d_vp]
+        .chunks_exact_mut(head_rows * t.d_vp)
+        .enumerate()
+    {
+        if let Some(scales) = cx.kv.channel_scales(true, item.batch, item.kv_head + g) {
+            for row in rows.chunks_exact_mut(t.d_vp) {
+                for (c, x) in row[..t.d_v].iter_mut().enumerate() {
+                    *x *= scales.get(c);
+                }
+            }
+        }
+    }
 }
 
 /// The key-block loop of one work item, over keys `keys.0 .. keys.1`.
@@ -300,11 +372,15 @@ fn block_loop<S: Simd, KV: KvSource>(
                 softmax_update(s, &t, &block, known_max, tile, None)
             }
         }
-        // 8-bit values in place: every head's weights times their values' scales first, so
-        // that the output tile takes the integers.
+        // 8-bit values in place: every head's weights times their values' scales first (unless
+        // the scales are folded into the output), so that the output tile takes the integers.
         let int_values =
             t.int_values && (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
-        if int_values {
+        debug_assert!(
+            int_values || !t.v_fold,
+            "folded value scales on dequantized rows"
+        );
+        if int_values && !t.v_fold {
             // (bf16 products take bf16 K/V only: the pairs never miss the factors.)
             debug_assert!(bl.pairs.is_none());
             for g in 0..item.heads {
@@ -425,7 +501,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             let range = (keys.clone(), rows.clone());
             count += match cx.kv.keys_in::<E>(at(g)) {
                 Some(k) => {
-                    if KV::I8 {
+                    if KV::I8 && !t.k_fold {
                         let pass = KeyRange {
                             j0: block.j0 + keys.start,
                             len: keys.len(),
@@ -438,13 +514,14 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                     scores_by_channels(s, t, block, k, range, tile, next, paired)
                 }
                 None => {
+                    debug_assert!(!t.k_fold, "folded key scales on dequantized rows");
                     let k = cx.kv.keys(s, at(g), k_buf);
                     scores_by_channels(s, t, block, k, range, tile, next, None)
                 }
             };
         }
     }
-    if KV::I8 && in_place {
+    if KV::I8 && in_place && !t.k_fold {
         apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
     }
     count

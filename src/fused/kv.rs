@@ -151,6 +151,20 @@ pub(crate) trait KvSource: Sync {
     /// and `d_v = d_v_pad` (8-bit rows: and one scale per row, [`KvSource::value_scales`]).
     fn values_in<E: Lanes>(&self, at: KeyRange, d_v_pad: usize) -> Option<Rows<'_, E>>;
 
+    /// For 8-bit storage whose K (`values = false`) or V (`true`) scales are the same for
+    /// every key of a (batch, kv head) (per tensor, per (kv head, channel)): the scales of
+    /// `(batch, kv_head)`'s channels. The rows [`KvSource::keys_in`]/[`KvSource::values_in`]
+    /// give are then the integers alone, and [`KvSource::key_scales`] does not apply: the
+    /// kernel folds these into Q (keys) or into the output (values). `None` otherwise.
+    fn channel_scales(
+        &self,
+        _values: bool,
+        _batch: usize,
+        _kv_head: usize,
+    ) -> Option<Channels<'_>> {
+        None
+    }
+
     /// The scale of each K row of `at` that [`KvSource::keys_in`] gives (a key is its row times
     /// its scale), to `out[..at.len]`: 1 for storage that is not quantized.
     fn key_scales(&self, at: KeyRange, out: &mut [f32]) {
@@ -166,6 +180,22 @@ pub(crate) trait KvSource: Sync {
     /// strided rows only (paged caches and strided channels give `None`). Computed once per
     /// block and head, so that each request is address arithmetic.
     fn prefetch_streams(&self, at: KeyRange) -> [Option<RowStream>; 2];
+}
+
+/// The scale of each channel of one (batch, kv head): channel `c`'s at `data[c · stride]`
+/// (`stride` 0: one scale for all).
+#[derive(Clone, Copy)]
+pub(crate) struct Channels<'s> {
+    pub data: &'s [f32],
+    pub stride: usize,
+}
+
+impl Channels<'_> {
+    /// Channel `c`'s scale (`c` below the head size the scales were validated against).
+    #[inline(always)]
+    pub fn get(&self, c: usize) -> f32 {
+        self.data[c * self.stride]
+    }
 }
 
 /// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.

@@ -254,7 +254,7 @@ fn run_typed(
                     let Some(scales) = problem.kv_scales else {
                         return Err(Error::KvScales { kv_type: "i8" });
                     };
-                    let $v = QuantKv { kv, scales };
+                    let $v = QuantKv::new(kv, scales);
                     $body
                 }
             }

@@ -7,46 +7,95 @@
 //! unchanged. The scales were validated finite with `|scale| · 128` finite, so dequantized
 //! values are finite: the set-aside path for NaN/±∞ values finds nothing.
 //!
-//! Decode reads rows whose scale is one number per row (per tensor or per (token, kv head))
-//! in place instead ([`KvSource::keys_in`]): the dot products take the integers, converted
-//! exactly as they are loaded, and the kernel multiplies each score by its key's scale and
-//! each weight by its value's scale before the output product (`Σ_j (p_j·s_j)·v_j`). That is
-//! one rounding per score and per weight in place of one per value, the same count in every
-//! term of the bound. Per-channel scales are always dequantized, and so are keys where the
-//! kernel's guards say no (head sizes below the stacked rows, queries large enough to overflow
-//! the integer dot products: `Tiles::int_keys` in [`super::item`]).
+//! Decode reads the integers in place instead ([`KvSource::keys_in`]), converted exactly as
+//! they are loaded, whenever the scales vary along one of the two axes only ([`Scaling`]):
+//!
+//! * along the channels only — per tensor, per (kv head, channel), anything constant over
+//!   the keys of a (batch, kv head) — the kernel folds K's channel scales into Q
+//!   (`q·(k ⊙ s) = (q ⊙ s)·k`) and V's into the output (`Σ_j p_j·(v_j ⊙ s) = (Σ_j p_j·v_j) ⊙
+//!   s`), [`KvSource::channel_scales`];
+//! * along the keys only — per (token, kv head) — it multiplies each score by its key's scale
+//!   and each weight by its value's scale before the output product (`Σ_j (p_j·s_j)·v_j`),
+//!   [`KvSource::key_scales`].
+//!
+//! Either is one rounding per product (or weight, or output) in place of one per value, the
+//! same count in every term of the bound. Scales varying along both are dequantized, and so
+//! are rows where the kernel's guards say no (head sizes below the stacked rows, queries or
+//! scales large enough to overflow the integer products: `Tiles` in [`super::item`]).
 
-use super::kv::{KeyRange, KvSource, Rows, TensorKv};
+use super::kv::{Channels, KeyRange, KvSource, RowMap, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
 use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 
+/// How the scales of K or of V vary, which decides how decode reads their rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scaling {
+    /// The same for every key of a (batch, kv head) (per tensor, per (kv head, channel)):
+    /// rows in place, the channel scales folded into Q or into the output.
+    Channels,
+    /// One per row (per (token, kv head)): rows in place, each key's scale applied to its
+    /// score or weight.
+    Rows,
+    /// Varying along keys and channels: rows dequantized.
+    Elements,
+}
+
+impl Scaling {
+    /// The scaling of `scales` for K/V stored with `map`: dim 1 of the storage is always a
+    /// position along the keys, dim 0 too for a paged cache (a page), while dense dim 0 is the
+    /// batch, constant within a work item (packed dim 0 has size 1).
+    fn of(scales: &Broadcast<'_, f32>, map: &RowMap<'_>) -> Self {
+        let [s0, s1, _, s3] = scales.strides;
+        let along_keys = s1 != 0 || (matches!(map, RowMap::Paged { .. }) && s0 != 0);
+        match (along_keys, s3 != 0) {
+            (false, _) => Scaling::Channels,
+            (true, false) => Scaling::Rows,
+            (true, true) => Scaling::Elements,
+        }
+    }
+}
+
 /// `i8` K/V (dense, packed or paged, any strides) and their validated scales.
 pub(crate) struct QuantKv<'a> {
-    pub kv: TensorKv<'a, i8>,
-    pub scales: KvScales<'a>,
+    kv: TensorKv<'a, i8>,
+    scales: KvScales<'a>,
+    /// How K's and V's scales vary.
+    scaling: [Scaling; 2],
+}
+
+impl<'a> QuantKv<'a> {
+    pub fn new(kv: TensorKv<'a, i8>, scales: KvScales<'a>) -> Self {
+        let scaling = [
+            Scaling::of(&scales.k, &kv.map),
+            Scaling::of(&scales.v, &kv.map),
+        ];
+        QuantKv {
+            kv,
+            scales,
+            scaling,
+        }
+    }
 }
 
 impl QuantKv<'_> {
-    /// Writes the rows of `at` of `t` (`width` values each), dequantized with `scales`, to
-    /// `buf` as rows `ld` apart.
-    /// The rows of `at` of `t` in place, as `E` = `i8`, if each row has one scale (none varies
-    /// along channels), the channel stride is 1 and rows are not empty.
+    /// The rows of `at` of `t` in place, as `E` = `i8`, if its scales vary along one axis only
+    /// (`scaling`), the channel stride is 1 and rows are not empty.
     #[inline(always)]
     fn in_place<'s, E: Lanes>(
         &'s self,
         t: &Tensor<'s, i8>,
-        scales: &Broadcast<'_, f32>,
+        scaling: Scaling,
         at: KeyRange,
     ) -> Option<Rows<'s, E>> {
-        if scales.strides[3] != 0 || t.dims()[3] == 0 {
+        if scaling == Scaling::Elements || t.dims()[3] == 0 {
             return None;
         }
         let rows = self.kv.rows_of(t, at)?;
         Some(rows.retype(E::of_i8(rows.data())?))
     }
 
-    /// The scale of each row of `at` (channel 0's), to `out[..at.len]`.
+    /// The scale of each row of `at` (channel 0's), to `out[..at.len]` (`Scaling::Rows`).
     #[inline(always)]
     fn row_scales(&self, scales: &Broadcast<'_, f32>, at: KeyRange, out: &mut [f32]) {
         let [s0, s1, s2, _] = scales.strides;
@@ -133,7 +182,7 @@ impl KvSource for QuantKv<'_> {
 
     #[inline(always)]
     fn keys_in<E: Lanes>(&self, at: KeyRange) -> Option<Rows<'_, E>> {
-        self.in_place(&self.kv.k, &self.scales.k, at)
+        self.in_place(&self.kv.k, self.scaling[0], at)
     }
 
     #[inline(always)]
@@ -141,7 +190,25 @@ impl KvSource for QuantKv<'_> {
         if self.kv.v.dims()[3] != d_v_pad {
             return None;
         }
-        self.in_place(&self.kv.v, &self.scales.v, at)
+        self.in_place(&self.kv.v, self.scaling[1], at)
+    }
+
+    fn channel_scales(&self, values: bool, batch: usize, kv_head: usize) -> Option<Channels<'_>> {
+        let (scales, scaling) = match values {
+            false => (&self.scales.k, self.scaling[0]),
+            true => (&self.scales.v, self.scaling[1]),
+        };
+        if scaling != Scaling::Channels {
+            return None;
+        }
+        // Inside the scales: they broadcast against K/V's dims (validated), `batch` is inside
+        // dense dim 0 (packed and paged scales have stride 0 there: `Scaling::of`), and
+        // `kv_head` inside dim 2.
+        let [s0, _, s2, s3] = scales.strides;
+        Some(Channels {
+            data: &scales.data[batch * s0 + kv_head * s2..],
+            stride: s3,
+        })
     }
 
     #[inline(always)]
