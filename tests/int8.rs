@@ -178,7 +178,7 @@ fn every_granularity_against_the_reference_half() {
 /// in-place path's factors (`d = 8` under 16 stacked rows), queries so large that the integer
 /// dot products would overflow f32 before the scale (`128 · Σ|q|` beyond it, with per-key
 /// scales and with Q times per-channel ones: keys dequantized, values still in place), and
-/// large per-channel V scales, all against the reference.
+/// large per-channel V scales, and rows of 20 values, all against the reference.
 #[test]
 fn decode_in_place_and_dequantized_rows_against_the_reference() {
     use Granularity::{HeadChannel, Tensor, TokenHead};
@@ -199,6 +199,9 @@ fn decode_in_place_and_dequantized_rows_against_the_reference() {
     case_with::<f32, f32>([1, 1, 8, 2, 600, 128], [HeadChannel; 2], 1e36, 68);
     let dims = [1, 1, 8, 2, 600, 128];
     case_scaled::<f32, f32>(dims, [TokenHead, HeadChannel], [1.0, 1e33], 69);
+    // A head size that is no whole number of vectors: keys in place (Q folded), values
+    // dequantized, so their scales must not also be folded into the output.
+    case_with::<f32, f32>([1, 2, 4, 1, 900, 20], [HeadChannel; 2], 1.0, 70);
 }
 
 /// Per-channel V scales at README's documented limit (`|v|·n_visible` up to 2·10³⁸, below

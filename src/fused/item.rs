@@ -161,31 +161,16 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         v_fold: false,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
-    // The K block buffer, unused when keys are read in place, holds the factors then.
-    let int_rows = KV::I8 && t.by_channels && t.ld_s <= t.d_k;
-    if int_rows {
-        t.k_fold = fold_key_scales(cx, item, &t, &mut sc.tile.qt);
-        t.int_keys = int_dots_finite(s, &sc.tile.qt[..rows * t.d_k]);
-        if t.k_fold && !t.int_keys {
-            // The keys are dequantized after all: Q as given.
-            pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
-            t.k_fold = false;
-        }
-        t.int_values = true;
-        // (`(Σ_j p_j·v_j)·s` is the sum the dequantized rows accumulate, so it overflows only
-        // where theirs does: values with `|v|·n_visible` near `f32::MAX`, README's documented
-        // limit.)
-        t.v_fold = cx
-            .kv
-            .channel_scales(true, item.batch, item.kv_head)
-            .is_some();
-    }
     if let Some(bf) = bl.pairs {
         pair_queries(bf, &t, &sc.tile.qt, &mut sc.pairs.qt);
     }
     let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
         return;
     };
+    // The K block buffer, unused when keys are read in place, holds the factors then.
+    if KV::I8 && t.by_channels && t.ld_s <= t.d_k {
+        plan_int_rows(s, cx, q, item, &mut t, first, &mut sc.tile.qt);
+    }
     // Its own entry point: compiled once per (backend, K/V source), whatever the Q type.
     s.run(BlockLoop {
         cx,
@@ -197,6 +182,45 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
     if t.v_fold {
         scale_output_channels(cx, item, &t, &mut sc.tile.o);
     }
+}
+
+/// Which of the item's 8-bit rows are read in place (`Tiles::int_keys`, `int_values`) and how
+/// their scales are applied (`k_fold`, `v_fold`), decided once for all its blocks: whether
+/// the source gives rows in place depends on the call's shapes and strides only, so the first
+/// visible key's rows stand for every block's. Folded scales must never meet dequantized rows
+/// (they would apply twice).
+fn plan_int_rows<S: Simd, Q: Element, KV: KvSource>(
+    s: S,
+    cx: &Ctx<'_, KV>,
+    q: &Tensor<'_, Q>,
+    item: &Item,
+    t: &mut Tiles,
+    first: usize,
+    qt: &mut [f32],
+) {
+    let at = |g: usize| KeyRange {
+        batch: item.batch,
+        kv_head: item.kv_head + g,
+        j0: first,
+        len: 1,
+    };
+    if (0..item.heads).all(|g| cx.kv.keys_in::<i8>(at(g)).is_some()) {
+        t.k_fold = fold_key_scales(cx, item, t, qt);
+        t.int_keys = int_dots_finite(s, &qt[..t.rows * t.d_k]);
+        if t.k_fold && !t.int_keys {
+            // The keys are dequantized after all: Q as given.
+            pack_queries(s, cx, q, item, t, qt);
+            t.k_fold = false;
+        }
+    }
+    t.int_values = (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
+    // (`(Σ_j p_j·v_j)·s` is the sum the dequantized rows accumulate, so it overflows only where
+    // theirs does: values with `|v|·n_visible` near `f32::MAX`, README's documented limit.)
+    t.v_fold = t.int_values
+        && cx
+            .kv
+            .channel_scales(true, item.batch, item.kv_head)
+            .is_some();
 }
 
 /// 8-bit keys whose scales vary along channels only ([`KvSource::channel_scales`]): each
@@ -374,12 +398,7 @@ fn block_loop<S: Simd, KV: KvSource>(
         }
         // 8-bit values in place: every head's weights times their values' scales first (unless
         // the scales are folded into the output), so that the output tile takes the integers.
-        let int_values =
-            t.int_values && (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
-        debug_assert!(
-            int_values || !t.v_fold,
-            "folded value scales on dequantized rows"
-        );
+        let int_values = t.int_values;
         if int_values && !t.v_fold {
             // (bf16 products take bf16 K/V only: the pairs never miss the factors.)
             debug_assert!(bl.pairs.is_none());
@@ -441,6 +460,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                     continue;
                 }
             }
+            debug_assert!(!t.v_fold, "folded value scales on dequantized rows");
             let values = load_values(s, &cx.kv, at(g), &t, isolate, v_buf, non_finite);
             match bl.pairs {
                 Some(bf) => {
