@@ -17,8 +17,8 @@
 // Version of this ABI. It changes only when an existing struct or function changes
 // incompatibly; new fields are appended to structs, whose `size` field tells which fields the
 // caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
-// `bf16_products` to `sdpa_options`, kept it at 1: a caller built against the first version
-// still works unchanged.)
+// `bf16_products`, then `k_scales` and `v_scales`, to `sdpa_options`, kept it at 1: a caller
+// built against the first version still works unchanged.)
 #define SDPA_ABI_VERSION 1
 
 // Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
@@ -31,6 +31,12 @@
 // Element type bfloat16 (the upper half of a `float`), passed as `uint16_t` bit patterns;
 // strides count 2-byte elements and pointers need 2-byte alignment.
 #define SDPA_DTYPE_BF16 2
+
+// Element type `int8_t`, for K and V only (`kv_dtype`): 8-bit quantized values that the
+// kernel dequantizes as `value = int8 · scale` with the `float` scales of
+// `sdpa_options.k_scales` / `v_scales` (required with it). Q and out of this type are
+// `SDPA_STATUS_UNSUPPORTED_TYPE`.
+#define SDPA_DTYPE_I8 3
 
 // Alignment field value: the option is off (no causal mask, no window, no ALiBi).
 #define SDPA_ALIGN_NONE 0
@@ -113,6 +119,9 @@ typedef enum sdpa_status {
   // A buffer sized from the arguments cannot be allocated (`OutOfMemory`; also the mask
   // copy and the LSE scratch of a merge).
   SDPA_STATUS_OUT_OF_MEMORY = 26,
+  // `SDPA_DTYPE_I8` K/V without `k_scales` and `v_scales`, or scales with float K/V
+  // (`KvScales`).
+  SDPA_STATUS_KV_SCALES = 27,
 } sdpa_status;
 
 // A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
@@ -148,7 +157,9 @@ typedef struct sdpa_tensor_mut {
 //
 // Element types: `q_dtype` for Q, `kv_dtype` for K and V, `out_dtype` for out, each
 // `SDPA_DTYPE_F32`, `SDPA_DTYPE_F16` or `SDPA_DTYPE_BF16`, in any combination (an f16 KV
-// cache with f32 Q and out as llama.cpp keeps it; all bf16; …). A zeroed struct is all f32.
+// cache with f32 Q and out as llama.cpp keeps it; all bf16; …), and `kv_dtype` also
+// `SDPA_DTYPE_I8` (8-bit K/V with `sdpa_options.k_scales` / `v_scales`). A zeroed struct is
+// all f32.
 // A caller built against the first version of this struct (`size` ending at `lse_len`, where
 // `q_dtype` was named `dtype`) gets `kv_dtype = out_dtype = q_dtype`: `dtype` then keeps its
 // meaning of "the type of every operand".
@@ -229,6 +240,16 @@ typedef struct sdpa_options {
   // Added in the struct's second version: a caller whose `size` ends at `sinks_len` gets
   // it off.
   uint32_t bf16_products;
+  // The `float` scales of `SDPA_DTYPE_I8` keys (`key = int8 · scale`): a view that
+  // broadcasts against K's dims (a dim of size 1 or stride 0 repeats): per tensor
+  // `[1, 1, 1, 1]`, per (token, kv head) `[B, n_kv, H_kv, 1]` (page pools: `[num_pages,
+  // page_size, H_kv, 1]`), per (kv head, channel) `[1, 1, H_kv, d_k]`. Every scale the call
+  // reads must be finite with `|scale|·128` finite. `k_scales.data` NULL for none; required
+  // with 8-bit K/V, and a typed error (`SDPA_STATUS_KV_SCALES`) with float K/V. Added in the
+  // struct's third version: a caller whose `size` ends at `bf16_products` has none.
+  struct sdpa_tensor k_scales;
+  // The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
+  struct sdpa_tensor v_scales;
 } sdpa_options;
 
 // The operands of `sdpa_attention_paged`: attention over a paged K/V cache (vLLM's

@@ -12,9 +12,10 @@
 //!   padded and permuted layouts.
 //! * Element types: Q, K/V and out each have one ([`SdpaAttentionArgs::q_dtype`],
 //!   [`SdpaAttentionArgs::kv_dtype`], [`SdpaAttentionArgs::out_dtype`]): `float`, IEEE binary16
-//!   or bfloat16, the two half types as `uint16_t` bit patterns. Every combination runs natively
-//!   (half operands are converted block by block inside the kernel, the output rounded once);
-//!   arithmetic is f32, the LSE is always `float`.
+//!   or bfloat16, the two half types as `uint16_t` bit patterns; K/V also `int8_t` with `float`
+//!   scales ([`SDPA_DTYPE_I8`], [`SdpaOptions::k_scales`]). Every combination runs natively
+//!   (half and 8-bit operands are converted block by block inside the kernel, the output rounded
+//!   once); arithmetic is f32, the LSE is always `float`.
 //! * Every call validates everything it can before touching memory: null pointers, struct sizes,
 //!   element types, alignment, and the number of elements each tensor reaches, computed from its
 //!   dims and strides with checked arithmetic. The caller guarantees that each pointer is
@@ -34,14 +35,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sdpa::half::{bf16, f16};
 use sdpa::{
-    Alignment, Element, Operand, Options, PackedKv, PagedKv, Partial, Tensor, TensorMut, VarlenKv,
+    Alignment, Element, KvElement, Operand, Options, PackedKv, PagedKv, Partial, Tensor, TensorMut,
+    VarlenKv,
 };
 
 /// Version of this ABI. It changes only when an existing struct or function changes
 /// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
 /// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
-/// `bf16_products` to `sdpa_options`, kept it at 1: a caller built against the first version
-/// still works unchanged.)
+/// `bf16_products`, then `k_scales` and `v_scales`, to `sdpa_options`, kept it at 1: a caller
+/// built against the first version still works unchanged.)
 pub const SDPA_ABI_VERSION: u32 = 1;
 
 /// Element type `float` (IEEE binary32). 0, so a zeroed struct means f32 everywhere.
@@ -52,6 +54,11 @@ pub const SDPA_DTYPE_F16: u32 = 1;
 /// Element type bfloat16 (the upper half of a `float`), passed as `uint16_t` bit patterns;
 /// strides count 2-byte elements and pointers need 2-byte alignment.
 pub const SDPA_DTYPE_BF16: u32 = 2;
+/// Element type `int8_t`, for K and V only (`kv_dtype`): 8-bit quantized values that the
+/// kernel dequantizes as `value = int8 · scale` with the `float` scales of
+/// `sdpa_options.k_scales` / `v_scales` (required with it). Q and out of this type are
+/// `SDPA_STATUS_UNSUPPORTED_TYPE`.
+pub const SDPA_DTYPE_I8: u32 = 3;
 
 /// Alignment field value: the option is off (no causal mask, no window, no ALiBi).
 pub const SDPA_ALIGN_NONE: u32 = 0;
@@ -125,6 +132,9 @@ pub enum SdpaStatus {
     /// A buffer sized from the arguments cannot be allocated (`OutOfMemory`; also the mask
     /// copy and the LSE scratch of a merge).
     OutOfMemory = 26,
+    /// `SDPA_DTYPE_I8` K/V without `k_scales` and `v_scales`, or scales with float K/V
+    /// (`KvScales`).
+    KvScales = 27,
 }
 
 /// A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
@@ -164,7 +174,9 @@ pub struct SdpaTensorMut {
 ///
 /// Element types: `q_dtype` for Q, `kv_dtype` for K and V, `out_dtype` for out, each
 /// `SDPA_DTYPE_F32`, `SDPA_DTYPE_F16` or `SDPA_DTYPE_BF16`, in any combination (an f16 KV
-/// cache with f32 Q and out as llama.cpp keeps it; all bf16; …). A zeroed struct is all f32.
+/// cache with f32 Q and out as llama.cpp keeps it; all bf16; …), and `kv_dtype` also
+/// `SDPA_DTYPE_I8` (8-bit K/V with `sdpa_options.k_scales` / `v_scales`). A zeroed struct is
+/// all f32.
 /// A caller built against the first version of this struct (`size` ending at `lse_len`, where
 /// `q_dtype` was named `dtype`) gets `kv_dtype = out_dtype = q_dtype`: `dtype` then keeps its
 /// meaning of "the type of every operand".
@@ -253,10 +265,22 @@ pub struct SdpaOptions {
     /// Added in the struct's second version: a caller whose `size` ends at `sinks_len` gets
     /// it off.
     pub bf16_products: u32,
+    /// The `float` scales of `SDPA_DTYPE_I8` keys (`key = int8 · scale`): a view that
+    /// broadcasts against K's dims (a dim of size 1 or stride 0 repeats): per tensor
+    /// `[1, 1, 1, 1]`, per (token, kv head) `[B, n_kv, H_kv, 1]` (page pools: `[num_pages,
+    /// page_size, H_kv, 1]`), per (kv head, channel) `[1, 1, H_kv, d_k]`. Every scale the call
+    /// reads must be finite with `|scale|·128` finite. `k_scales.data` NULL for none; required
+    /// with 8-bit K/V, and a typed error (`SDPA_STATUS_KV_SCALES`) with float K/V. Added in the
+    /// struct's third version: a caller whose `size` ends at `bf16_products` has none.
+    pub k_scales: SdpaTensor,
+    /// The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
+    pub v_scales: SdpaTensor,
 }
 
 /// `sizeof(sdpa_options)` of the first version of the struct (no `bf16_products`).
 const OPTIONS_V1_SIZE: usize = std::mem::offset_of!(SdpaOptions, bf16_products);
+/// `sizeof(sdpa_options)` of the second version (no `k_scales`, `v_scales`).
+const OPTIONS_V2_SIZE: usize = std::mem::offset_of!(SdpaOptions, k_scales);
 
 /// One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
 /// LSE, as written by `sdpa_attention` with an LSE pointer.
@@ -456,6 +480,7 @@ impl From<sdpa::Error> for Failure {
             E::ScratchTooLarge { .. } => SdpaStatus::ScratchTooLarge,
             E::TooManyRows { .. } => SdpaStatus::TooManyRows,
             E::OutOfMemory { .. } => SdpaStatus::OutOfMemory,
+            E::KvScales { .. } => SdpaStatus::KvScales,
             _ => SdpaStatus::Other,
         };
         Failure::new(status, e.to_string())
@@ -750,12 +775,21 @@ unsafe fn read_versioned<T: Copy>(
     }
 }
 
-/// An element type the attention calls take.
+/// An element type the attention calls take (`I8` for K/V only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dtype {
     F32,
     F16,
     Bf16,
+    I8,
+}
+
+/// The failure for an `int8_t` Q or output.
+fn kv_only(operand: &str) -> Failure {
+    Failure::new(
+        SdpaStatus::UnsupportedType,
+        format!("{operand}: SDPA_DTYPE_I8 is a K/V type only"),
+    )
 }
 
 fn dtype(value: u32, what: &str) -> Result<Dtype, Failure> {
@@ -763,6 +797,7 @@ fn dtype(value: u32, what: &str) -> Result<Dtype, Failure> {
         SDPA_DTYPE_F32 => Ok(Dtype::F32),
         SDPA_DTYPE_F16 => Ok(Dtype::F16),
         SDPA_DTYPE_BF16 => Ok(Dtype::Bf16),
+        SDPA_DTYPE_I8 => Ok(Dtype::I8),
         other => Err(Failure::new(
             SdpaStatus::UnsupportedType,
             format!("{what}: unknown element type {other} (not an SDPA_DTYPE_* value)"),
@@ -851,6 +886,7 @@ enum AnyKv<'a> {
     F32(Tensor<'a, f32>, Tensor<'a, f32>),
     F16(Tensor<'a, f16>, Tensor<'a, f16>),
     Bf16(Tensor<'a, bf16>, Tensor<'a, bf16>),
+    I8(Tensor<'a, i8>, Tensor<'a, i8>),
 }
 
 /// A validated output tensor of one of the element types.
@@ -875,9 +911,42 @@ unsafe fn any_input<'a>(
         Dtype::F32 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::F32(x), s)),
         Dtype::F16 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::F16(x), s)),
         Dtype::Bf16 => unsafe { input(t, operand) }.map(|(x, s)| (AnyTensor::Bf16(x), s)),
+        Dtype::I8 => Err(kv_only(&format!("{} tensor", operand_name(operand)))),
     }?;
     spans.push(span);
     Ok(tensor)
+}
+
+/// K and V of type `dtype`.
+///
+/// # Safety
+/// As [`raw_tensor`] for elements of `dtype`, for both tensors.
+unsafe fn any_kv<'a>(
+    k: &SdpaTensor,
+    v: &SdpaTensor,
+    dtype: Dtype,
+    spans: &mut Vec<Span>,
+) -> Result<AnyKv<'a>, Failure> {
+    /// # Safety
+    /// As [`any_kv`], with `T` the declared type.
+    unsafe fn pair<'a, T>(
+        k: &SdpaTensor,
+        v: &SdpaTensor,
+        spans: &mut Vec<Span>,
+    ) -> Result<(Tensor<'a, T>, Tensor<'a, T>), Failure> {
+        // SAFETY (both): forwarded.
+        let (k, ks) = unsafe { input(k, Operand::Key) }?;
+        let (v, vs) = unsafe { input(v, Operand::Value) }?;
+        spans.extend([ks, vs]);
+        Ok((k, v))
+    }
+    // SAFETY (all arms): forwarded, with the element type the caller declared.
+    Ok(match dtype {
+        Dtype::F32 => unsafe { pair(k, v, spans) }.map(|(k, v)| AnyKv::F32(k, v))?,
+        Dtype::F16 => unsafe { pair(k, v, spans) }.map(|(k, v)| AnyKv::F16(k, v))?,
+        Dtype::Bf16 => unsafe { pair(k, v, spans) }.map(|(k, v)| AnyKv::Bf16(k, v))?,
+        Dtype::I8 => unsafe { pair(k, v, spans) }.map(|(k, v)| AnyKv::I8(k, v))?,
+    })
 }
 
 /// An output tensor of type `dtype`, checked against the read spans.
@@ -894,6 +963,7 @@ unsafe fn any_output<'a>(
         Dtype::F32 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::F32(x), s)),
         Dtype::F16 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::F16(x), s)),
         Dtype::Bf16 => unsafe { output(t, reads) }.map(|(x, s)| (AnyTensorMut::Bf16(x), s)),
+        Dtype::I8 => Err(kv_only("output tensor")),
     }
 }
 
@@ -908,6 +978,7 @@ struct Inputs<'a> {
     mask: Option<MaskCopy>,
     slopes: Option<&'a [f32]>,
     sinks: Option<&'a [f32]>,
+    kv_scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
 }
 
 /// Q, K, V (K and V as dense tensors, page pools or packed rows: read alike) and the options.
@@ -924,19 +995,12 @@ unsafe fn read_inputs<'a>(
         unsafe { std::mem::zeroed() }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { read_versioned(opts, &[OPTIONS_V1_SIZE], "options") }?.0
+        unsafe { read_versioned(opts, &[OPTIONS_V1_SIZE, OPTIONS_V2_SIZE], "options") }?.0
     };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
     let q = unsafe { any_input(q, Operand::Query, types.q, &mut spans) }?;
-    let k = unsafe { any_input(k, Operand::Key, types.kv, &mut spans) }?;
-    let v = unsafe { any_input(v, Operand::Value, types.kv, &mut spans) }?;
-    let kv = match (k, v) {
-        (AnyTensor::F32(k), AnyTensor::F32(v)) => AnyKv::F32(k, v),
-        (AnyTensor::F16(k), AnyTensor::F16(v)) => AnyKv::F16(k, v),
-        (AnyTensor::Bf16(k), AnyTensor::Bf16(v)) => AnyKv::Bf16(k, v),
-        _ => unreachable!("K and V are both read as kv_dtype"),
-    };
+    let kv = unsafe { any_kv(k, v, types.kv, &mut spans) }?;
     let kv_lens = unsafe { input_array(opts.kv_lens, opts.kv_lens_len, "kv_lens", &mut spans) }?;
     let bias = if opts.bias.data.is_null() {
         None
@@ -959,6 +1023,22 @@ unsafe fn read_inputs<'a>(
         )
     }?;
     let sinks = unsafe { input_array(opts.sinks, opts.sinks_len, "sinks", &mut spans) }?;
+    let kv_scales = match (opts.k_scales.data.is_null(), opts.v_scales.data.is_null()) {
+        (true, true) => None,
+        (false, false) => {
+            let (k, ks) = unsafe { input(&opts.k_scales, Operand::KeyScales) }?;
+            let (v, vs) = unsafe { input(&opts.v_scales, Operand::ValueScales) }?;
+            spans.extend([ks, vs]);
+            Some((k, v))
+        }
+        (k_null, _) => {
+            let missing = if k_null { "k_scales" } else { "v_scales" };
+            return Err(Failure::new(
+                SdpaStatus::NullPointer,
+                format!("options.{missing}: pointer is NULL (the other scales are given)"),
+            ));
+        }
+    };
     Ok(Inputs {
         q,
         kv,
@@ -969,6 +1049,7 @@ unsafe fn read_inputs<'a>(
         mask,
         slopes,
         sinks,
+        kv_scales,
     })
 }
 
@@ -1012,6 +1093,9 @@ fn options<'a>(inputs: &'a Inputs<'_>) -> Result<Options<'a>, Failure> {
     }
     if o.bf16_products != 0 {
         opts = opts.bf16_products();
+    }
+    if let Some((k, v)) = inputs.kv_scales {
+        opts = opts.kv_scales(k, v);
     }
     Ok(opts)
 }
@@ -1071,7 +1155,7 @@ enum VarlenLayout<'a> {
 }
 
 /// One typed call: the generic Rust function for these element types.
-fn run<Q: Element, KV: Element, O: Element>(
+fn run<Q: Element, KV: KvElement, O: Element>(
     call: Call<'_>,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -1080,7 +1164,7 @@ fn run<Q: Element, KV: Element, O: Element>(
     lse: Option<&mut [f32]>,
     opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
-    fn paged<'a, T: Element>(
+    fn paged<'a, T: KvElement>(
         k: &Tensor<'a, T>,
         v: &Tensor<'a, T>,
         p: Pages<'a>,
@@ -1106,7 +1190,7 @@ fn run<Q: Element, KV: Element, O: Element>(
 }
 
 /// Dispatches on the output's type (Q and K/V already typed).
-fn run_out<Q: Element, KV: Element>(
+fn run_out<Q: Element, KV: KvElement>(
     call: Call<'_>,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -1135,10 +1219,11 @@ fn run_kv<Q: Element>(
         AnyKv::F32(k, v) => run_out(call, q, k, v, out, lse, opts),
         AnyKv::F16(k, v) => run_out(call, q, k, v, out, lse, opts),
         AnyKv::Bf16(k, v) => run_out(call, q, k, v, out, lse, opts),
+        AnyKv::I8(k, v) => run_out(call, q, k, v, out, lse, opts),
     }
 }
 
-/// Dispatches on all three types: 27 monomorphizations of [`run`].
+/// Dispatches on all three types: 36 monomorphizations of [`run`].
 fn run_any(
     call: Call<'_>,
     q: &AnyTensor<'_>,
@@ -1640,6 +1725,7 @@ pub extern "C" fn sdpa_status_name(status: i32) -> *const c_char {
         24 => c"SDPA_STATUS_OTHER",
         25 => c"SDPA_STATUS_PANIC",
         26 => c"SDPA_STATUS_OUT_OF_MEMORY",
+        27 => c"SDPA_STATUS_KV_SCALES",
         _ => c"SDPA_STATUS_UNKNOWN",
     };
     name.as_ptr()

@@ -5,7 +5,7 @@
 use std::ffi::CStr;
 use std::ptr;
 
-use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
+use sdpa::{Alignment, Element, KvElement, Options, Tensor, TensorMut};
 use sdpa_capi::*;
 
 const B: usize = 2;
@@ -47,7 +47,7 @@ fn args(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: &mut [f32]) -> Sd
 
 /// The arguments of one call on contiguous `[B, NQ, H, D]` / `[B, NKV, HKV, D]` buffers of any
 /// element types, each operand group's `dtype` set from its type.
-fn typed_args<Q: Element, KV: Element, O: Element>(
+fn typed_args<Q: Element, KV: KvElement, O: Element>(
     q: &[Q],
     k: &[KV],
     v: &[KV],
@@ -73,7 +73,7 @@ fn typed_args<Q: Element, KV: Element, O: Element>(
 }
 
 /// The same call through the Rust API on the buffers of [`typed_args`]: output and LSE.
-fn rust_call<Q: Element, KV: Element, O: Element>(
+fn rust_call<Q: Element, KV: KvElement, O: Element>(
     q: &[Q],
     k: &[KV],
     v: &[KV],
@@ -277,7 +277,7 @@ fn bad_inputs_give_statuses_and_the_rust_messages() {
     assert_eq!(call(&a, &o), SdpaStatus::UnsupportedType);
     assert!(message().contains("q_dtype"), "{}", message());
     let mut a = good;
-    a.kv_dtype = 3;
+    a.kv_dtype = 4;
     assert_eq!(call(&a, &o), SdpaStatus::UnsupportedType);
     assert!(message().contains("kv_dtype"), "{}", message());
     let mut a = good;
@@ -340,11 +340,12 @@ fn typed<T: Element>(n: usize, seed: u32) -> Vec<T> {
     data(n, seed).into_iter().map(T::from_f32).collect()
 }
 
-fn dtype_of<T: Element>() -> u32 {
+fn dtype_of<T: KvElement>() -> u32 {
     match T::NAME {
         "f32" => SDPA_DTYPE_F32,
         "f16" => SDPA_DTYPE_F16,
         "bf16" => SDPA_DTYPE_BF16,
+        "i8" => SDPA_DTYPE_I8,
         other => panic!("unknown element type {other}"),
     }
 }
@@ -604,4 +605,77 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
             message()
         );
     }
+}
+
+#[test]
+fn i8_kv_with_scales_matches_the_rust_api_and_errors_are_typed() {
+    let q: Vec<f32> = data(B * NQ * H * D, 70);
+    let ints = |n: usize, m: usize| -> Vec<i8> {
+        (0..n)
+            .map(|i| ((i * m) % 255) as i8)
+            .map(|x| x.max(-127))
+            .collect()
+    };
+    let (k, v) = (ints(B * NKV * HKV * D, 37), ints(B * NKV * HKV * D, 53));
+    // K per (kv head, channel), V per (token, kv head), some negative and one 0.
+    let (ks_dims, vs_dims) = ([1, 1, HKV, D], [B, NKV, HKV, 1]);
+    let ks: Vec<f32> = (0..HKV * D)
+        .map(|i| (i % 7) as f32 / 500.0 - 0.002)
+        .collect();
+    let vs: Vec<f32> = (0..B * NKV * HKV)
+        .map(|i| (1 + i % 5) as f32 / 300.0)
+        .collect();
+    let scales = || {
+        let t = |x, dims| Tensor::bshd(x, dims).unwrap();
+        Options::new().kv_scales(t(&ks, ks_dims), t(&vs, vs_dims))
+    };
+    let (want, want_lse) = rust_call::<f32, i8, f32>(&q, &k, &v, &scales());
+    let mut o = no_options();
+    o.k_scales = tensor(&ks, ks_dims);
+    o.v_scales = tensor(&vs, vs_dims);
+    let call = |o: &SdpaOptions, q_dtype: u32, out_dtype: u32| {
+        let mut out = vec![0f32; B * NQ * H * D];
+        let mut lse = vec![0f32; B * H * NQ];
+        let mut a = typed_args(&q, &k, &v, &mut out, &mut lse);
+        (a.q_dtype, a.out_dtype) = (q_dtype, out_dtype);
+        // SAFETY: valid pointers for the declared element types and the dims of `a` (an
+        // `int8_t` Q or output is rejected before any tensor is read).
+        let status = unsafe { sdpa_attention(&a, o) };
+        (status, out, lse)
+    };
+    let (status, out, lse) = call(&o, SDPA_DTYPE_F32, SDPA_DTYPE_F32);
+    assert_eq!(status, SdpaStatus::Ok, "{}", message());
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!((bits(&out), bits(&lse)), (bits(&want), bits(&want_lse)));
+    // Without scales, or with the second version of the struct (which has none): the Rust
+    // API's error; one of the two: a NULL pointer; Q or out of `int8_t`: not a type they take.
+    let without = no_options();
+    let mut v2 = o;
+    v2.size = std::mem::offset_of!(SdpaOptions, k_scales);
+    let mut half = o;
+    half.v_scales.data = ptr::null();
+    for (opts, want) in [
+        (&without, SdpaStatus::KvScales),
+        (&v2, SdpaStatus::KvScales),
+        (&half, SdpaStatus::NullPointer),
+    ] {
+        assert_eq!(call(opts, SDPA_DTYPE_F32, SDPA_DTYPE_F32).0, want);
+    }
+    assert!(message().contains("v_scales"), "{}", message());
+    for (q_dtype, out_dtype) in [
+        (SDPA_DTYPE_I8, SDPA_DTYPE_F32),
+        (SDPA_DTYPE_F32, SDPA_DTYPE_I8),
+    ] {
+        let (status, out, _) = call(&o, q_dtype, out_dtype);
+        assert_eq!(status, SdpaStatus::UnsupportedType);
+        assert!(message().contains("K/V type only"), "{}", message());
+        assert!(out.iter().all(|&x| x == 0.0), "wrote on error");
+    }
+    // Scales with float K/V.
+    let k32: Vec<f32> = data(B * NKV * HKV * D, 71);
+    let mut out = vec![0f32; B * NQ * H * D];
+    let mut lse = vec![0f32; B * H * NQ];
+    let a = typed_args(&q, &k32, &k32, &mut out, &mut lse);
+    // SAFETY: valid f32 buffers for the dims of `a`.
+    assert_eq!(unsafe { sdpa_attention(&a, &o) }, SdpaStatus::KvScales);
 }

@@ -480,6 +480,40 @@ int main(void) {
         st = sdpa_attention(&t, &opts);
         CHECK(st == SDPA_STATUS_MISALIGNED, "f16 K at 1 byte: %s", sdpa_status_name(st));
 
+        /* 7d. An 8-bit KV cache: K and V rounded to int8 (the same element strides), K with
+         * per-(kv head, channel) scales, V with one scale, against the reference on the same
+         * integers and scales. */
+        {
+            int8_t *k8 = malloc(k_len), *v8 = malloc(v_len);
+            float ks[HKV * D], vs[1] = {1.0f / 127.0f};
+            if (!k8 || !v8) return 2;
+            for (size_t i = 0; i < k_len; i++) k8[i] = (int8_t)lrintf(k[i] * 127.0f);
+            for (size_t i = 0; i < v_len; i++) v8[i] = (int8_t)lrintf(v[i] * 127.0f);
+            for (size_t i = 0; i < HKV * D; i++) ks[i] = (float)(1 + i % 3) / 254.0f;
+            sdpa_options o8 = opts;
+            o8.size = sizeof o8;
+            o8.k_scales = (sdpa_tensor){ks, {1, 1, HKV, D}, {HKV * D, HKV * D, D, 1}};
+            o8.v_scales = (sdpa_tensor){vs, {1, 1, 1, 1}, {1, 1, 1, 1}};
+            t = args;
+            t.kv_dtype = SDPA_DTYPE_I8;
+            t.k.data = k8;
+            t.v.data = v8;
+            t.out.data = o32;
+            t.lse = lt;
+            st = sdpa_attention(&t, &o8);
+            CHECK(st == SDPA_STATUS_OK, "i8 KV: %s", sdpa_last_error_message());
+            t.out.data = o32_ref;
+            t.lse = lt_ref;
+            st = sdpa_reference_attention(&t, &o8);
+            CHECK(st == SDPA_STATUS_OK, "i8 KV reference: %s", sdpa_last_error_message());
+            err = max_diff(o32, o32_ref, o_len, SDPA_DTYPE_F32);
+            CHECK(err <= 3.0 * ldexp(1.0, -24) + 1e-5, "i8 KV vs reference: %g", err);
+            st = sdpa_attention(&t, &opts);
+            CHECK(st == SDPA_STATUS_KV_SCALES, "i8 KV without scales: %s", sdpa_status_name(st));
+            free(k8);
+            free(v8);
+        }
+
         free(q16);
         free(k16);
         free(v16);
