@@ -546,11 +546,16 @@ fn paged_and_packed_equal_dense() {
         })
         .collect();
     let (channel, _) = scales(Granularity::HeadChannel, [1, 1, h_kv, d], 14);
-    let shapes: [(&[f32], [usize; 4], &[f32], [usize; 4]); 2] = [
-        (&per_page, [pages, 1, h_kv, 1], &expanded, [b, cap, h_kv, 1]),
-        (&channel, [1, 1, h_kv, d], &channel, [1, 1, h_kv, d]),
+    // (paged scales, their dims), (dense scales, their dims)
+    type View<'a> = (&'a [f32], [usize; 4]);
+    let shapes: [(View, View); 2] = [
+        (
+            (&per_page, [pages, 1, h_kv, 1]),
+            (&expanded, [b, cap, h_kv, 1]),
+        ),
+        ((&channel, [1, 1, h_kv, d]), (&channel, [1, 1, h_kv, d])),
     ];
-    for (paged_scales, paged_dims, dense_scales, dense_dims) in shapes {
+    for ((paged_scales, paged_dims), (dense_scales, dense_dims)) in shapes {
         let mut want = vec![0.0f32; n_out];
         sdpa::attention(
             &qv,
