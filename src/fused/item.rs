@@ -94,7 +94,7 @@ struct Tiles {
     /// 8-bit rows read in place (by channels, scales varying along one axis only; see
     /// [`super::quant`]): keys where every row's dot product with integers of magnitude ≤ 128
     /// stays finite in f32 before any scale multiplies it ([`int_dots_finite`]), values
-    /// always.
+    /// wherever the source gives them in place ([`plan_int_rows`]).
     int_values: bool,
     int_keys: bool,
     /// Of those, K's scales folded into Q's rows ([`fold_key_scales`]) and V's into the output
@@ -250,8 +250,8 @@ fn fold_key_scales(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt: &mut
 }
 
 /// `O ⊙= s` for each head's rows: V's channel scales applied to the item's unnormalized
-/// output once, after its last block: `Σ_j p_j·(v_j ⊙ s) = (Σ_j
-/// p_j·v_j) ⊙ s`, one rounding per output in place of one per value.
+/// output once, after its last block: `Σ_j p_j·(v_j ⊙ s) = (Σ_j p_j·v_j) ⊙ s`, one rounding
+/// per output in place of one per value.
 fn scale_output_channels(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, o: &mut [f32]) {
     let head_rows = t.rows / item.heads;
     for (g, rows) in o[..t.rows * t.d_vp]

@@ -20,8 +20,9 @@
 //!
 //! Either is one rounding per product (or weight, or output) in place of one per value, the
 //! same count in every term of the bound. Scales varying along both are dequantized, and so
-//! are rows where the kernel's guards say no (head sizes below the stacked rows, queries or
-//! scales large enough to overflow the integer products: `Tiles` in [`super::item`]).
+//! are rows where the kernel's guards say no (head sizes below the stacked rows, queries —
+//! folded with K's scales, if they are — large enough to overflow the integer dot products:
+//! `Tiles` in [`super::item`]).
 
 use super::kv::{Channels, KeyRange, KvSource, RowMap, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
@@ -107,6 +108,8 @@ impl QuantKv<'_> {
         }
     }
 
+    /// Writes the rows of `at` of `t` (`width` values each), dequantized with `scales`, to
+    /// `buf` as rows `ld` apart.
     #[inline(always)]
     fn dequantize(
         &self,
