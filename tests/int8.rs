@@ -299,6 +299,27 @@ fn run_with_key_scales(
     result
 }
 
+/// [`run_with_key_scales`] with `ok`'s storage element `at` set to `x` fails with the invalid
+/// scale error at `at`.
+fn assert_bad_key_scale(
+    ok: &[f32],
+    x: f32,
+    dims: [usize; 4],
+    strides: [usize; 4],
+    at: usize,
+    label: &str,
+) {
+    let mut bad = ok.to_vec();
+    bad[at] = x;
+    let e = run_with_key_scales(&bad, dims, strides).unwrap_err();
+    let want = Error::InvalidValue {
+        operand: Operand::KeyScales,
+        index: at,
+        reason: "scale is not finite, or |scale|·128 overflows f32",
+    };
+    assert_eq!(e, want, "{label}");
+}
+
 #[test]
 fn invalid_scales_are_found_in_every_layout() {
     // Per (token, kv head) scales, `[2, 100, 2, 1]`: contiguous, transposed (token-minor, as
@@ -317,18 +338,8 @@ fn invalid_scales_are_found_in_every_layout() {
         for (b, t, g) in [(0, 0, 0), (0, 57, 1), (1, 0, 1), (1, 99, 0), (1, 99, 1)] {
             let at = b * strides[0] + t * strides[1] + g * strides[2];
             for x in [f32::NAN, f32::INFINITY, -1e37] {
-                let mut bad = ok.clone();
-                bad[at] = x;
-                let e = run_with_key_scales(&bad, dims, strides).unwrap_err();
-                assert_eq!(
-                    e,
-                    Error::InvalidValue {
-                        operand: Operand::KeyScales,
-                        index: at,
-                        reason: "scale is not finite, or |scale|·128 overflows f32",
-                    },
-                    "strides {strides:?}, ({b}, {t}, {g}) = {x}"
-                );
+                let label = format!("strides {strides:?}, ({b}, {t}, {g}) = {x}");
+                assert_bad_key_scale(&ok, x, dims, strides, at, &label);
             }
         }
         // A bad value in the padding is never read, so it is no error.
@@ -351,18 +362,8 @@ fn zero_stride_views_of_the_full_dims_are_checked_value_by_value() {
         let ok = vec![0.02f32; len];
         run_with_key_scales(&ok, dims, strides).unwrap();
         for at in 0..len {
-            let mut bad = ok.clone();
-            bad[at] = f32::NAN;
-            let e = run_with_key_scales(&bad, dims, strides).unwrap_err();
-            assert_eq!(
-                e,
-                Error::InvalidValue {
-                    operand: Operand::KeyScales,
-                    index: at,
-                    reason: "scale is not finite, or |scale|·128 overflows f32",
-                },
-                "strides {strides:?}, scale {at}"
-            );
+            let label = format!("strides {strides:?}, scale {at}");
+            assert_bad_key_scale(&ok, f32::NAN, dims, strides, at, &label);
         }
     }
 }
@@ -464,15 +465,20 @@ fn paged_and_packed_equal_dense() {
         Tensor::bshd(&vs, [b, cap, h_kv, 1]).unwrap(),
     );
     let n_out = b * n_q * h * d;
-    let mut want = vec![0.0f32; n_out];
-    sdpa::attention(
-        &qv,
-        &Tensor::bshd(&k, [b, cap, h_kv, d]).unwrap(),
-        &Tensor::bshd(&v, [b, cap, h_kv, d]).unwrap(),
-        &mut TensorMut::bshd(&mut want, [b, n_q, h, d]).unwrap(),
-        &dense_opts,
-    )
-    .unwrap();
+    // The dense cache's result with `opts`.
+    let dense = |opts: &Options| {
+        let mut out = vec![0.0f32; n_out];
+        sdpa::attention(
+            &qv,
+            &Tensor::bshd(&k, [b, cap, h_kv, d]).unwrap(),
+            &Tensor::bshd(&v, [b, cap, h_kv, d]).unwrap(),
+            &mut TensorMut::bshd(&mut out, [b, n_q, h, d]).unwrap(),
+            opts,
+        )
+        .unwrap();
+        out
+    };
+    let want = dense(&dense_opts);
 
     // Pages in reverse order plus one spare page (index `b·pps`) that no sequence uses.
     let pages = b * pps + 1;
@@ -498,15 +504,14 @@ fn paged_and_packed_equal_dense() {
     let pool = |x| Tensor::bshd(x, [pages, page, h_kv, d]).unwrap();
     let paged = PagedKv::new(pool(&kp), pool(&vp), &table, pps).unwrap();
     let scale_dims = [pages, page, h_kv, 1];
-    let mut got = vec![9.0f32; n_out];
-    sdpa::attention_paged(
-        &qv,
-        &paged,
-        &mut TensorMut::bshd(&mut got, [b, n_q, h, d]).unwrap(),
-        None,
-        &with_scales(&opts, &ksp, &vsp, scale_dims),
-    )
-    .unwrap();
+    // The paged pool's result with `opts`.
+    let paged_out = |opts: &Options| {
+        let mut out = vec![9.0f32; n_out];
+        let view = TensorMut::bshd(&mut out, [b, n_q, h, d]).unwrap();
+        sdpa::attention_paged(&qv, &paged, &mut { view }, None, opts).unwrap();
+        out
+    };
+    let mut got = paged_out(&with_scales(&opts, &ksp, &vsp, scale_dims));
     assert_eq!(bits(&got), bits(&want), "paged");
 
     // The last slot of sequence 2's first page lies past its one key: never read, but a page
@@ -556,24 +561,8 @@ fn paged_and_packed_equal_dense() {
         ((&channel, [1, 1, h_kv, d]), (&channel, [1, 1, h_kv, d])),
     ];
     for ((paged_scales, paged_dims), (dense_scales, dense_dims)) in shapes {
-        let mut want = vec![0.0f32; n_out];
-        sdpa::attention(
-            &qv,
-            &Tensor::bshd(&k, [b, cap, h_kv, d]).unwrap(),
-            &Tensor::bshd(&v, [b, cap, h_kv, d]).unwrap(),
-            &mut TensorMut::bshd(&mut want, [b, n_q, h, d]).unwrap(),
-            &with_scales(&opts, dense_scales, dense_scales, dense_dims),
-        )
-        .unwrap();
-        let mut got = vec![9.0f32; n_out];
-        sdpa::attention_paged(
-            &qv,
-            &paged,
-            &mut TensorMut::bshd(&mut got, [b, n_q, h, d]).unwrap(),
-            None,
-            &with_scales(&opts, paged_scales, paged_scales, paged_dims),
-        )
-        .unwrap();
+        let want = dense(&with_scales(&opts, dense_scales, dense_scales, dense_dims));
+        let got = paged_out(&with_scales(&opts, paged_scales, paged_scales, paged_dims));
         assert_eq!(bits(&got), bits(&want), "paged, scales {paged_dims:?}");
     }
 

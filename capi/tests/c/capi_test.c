@@ -25,6 +25,20 @@ static int failures = 0;
         }                                                                                    \
     } while (0)
 
+/* Runs `t` with `o` into `out` (LSE into `lt`) and sdpa's reference on the same arguments into
+ * `out_ref` (`lt_ref`), checking that both succeed. */
+static void fused_and_reference(sdpa_attention_args t, const sdpa_options *o, void *out,
+                                void *out_ref, float *lt, float *lt_ref, const char *what) {
+    t.out.data = out;
+    t.lse = lt;
+    sdpa_status st = sdpa_attention(&t, o);
+    CHECK(st == SDPA_STATUS_OK, "%s: %s", what, sdpa_last_error_message());
+    t.out.data = out_ref;
+    t.lse = lt_ref;
+    st = sdpa_reference_attention(&t, o);
+    CHECK(st == SDPA_STATUS_OK, "%s reference: %s", what, sdpa_last_error_message());
+}
+
 /* Deterministic pseudo-random floats in [-1, 1). */
 static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
 static float frand(void) {
@@ -421,14 +435,7 @@ int main(void) {
         t.kv_dtype = SDPA_DTYPE_F16;
         t.k.data = k16;
         t.v.data = v16;
-        t.out.data = o32;
-        t.lse = lt;
-        st = sdpa_attention(&t, &opts);
-        CHECK(st == SDPA_STATUS_OK, "f16 KV: %s", sdpa_last_error_message());
-        t.out.data = o32_ref;
-        t.lse = lt_ref;
-        st = sdpa_reference_attention(&t, &opts);
-        CHECK(st == SDPA_STATUS_OK, "f16 KV reference: %s", sdpa_last_error_message());
+        fused_and_reference(t, &opts, o32, o32_ref, lt, lt_ref, "f16 KV");
         double err = max_diff(o32, o32_ref, o_len, SDPA_DTYPE_F32);
         CHECK(err <= 2.0 * ldexp(1.0, -24) + 1e-5, "f16 KV vs reference: %g", err);
         for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
@@ -443,14 +450,7 @@ int main(void) {
         t.q.data = qb;
         t.k.data = kb;
         t.v.data = vb;
-        t.out.data = ob;
-        t.lse = lt;
-        st = sdpa_attention(&t, &opts);
-        CHECK(st == SDPA_STATUS_OK, "bf16: %s", sdpa_last_error_message());
-        t.out.data = ob_ref;
-        t.lse = lt_ref;
-        st = sdpa_reference_attention(&t, &opts);
-        CHECK(st == SDPA_STATUS_OK, "bf16 reference: %s", sdpa_last_error_message());
+        fused_and_reference(t, &opts, ob, ob_ref, lt, lt_ref, "bf16");
         err = max_diff(ob, ob_ref, o_len, SDPA_DTYPE_BF16);
         CHECK(err <= 2.0 * ldexp(1.0, -8) + 1e-5, "bf16 vs reference: %g", err);
         for (size_t i = 0; i < (size_t)(B * H * NQ); i++)
@@ -498,14 +498,7 @@ int main(void) {
             t.kv_dtype = SDPA_DTYPE_I8;
             t.k.data = k8;
             t.v.data = v8;
-            t.out.data = o32;
-            t.lse = lt;
-            st = sdpa_attention(&t, &o8);
-            CHECK(st == SDPA_STATUS_OK, "i8 KV: %s", sdpa_last_error_message());
-            t.out.data = o32_ref;
-            t.lse = lt_ref;
-            st = sdpa_reference_attention(&t, &o8);
-            CHECK(st == SDPA_STATUS_OK, "i8 KV reference: %s", sdpa_last_error_message());
+            fused_and_reference(t, &o8, o32, o32_ref, lt, lt_ref, "i8 KV");
             err = max_diff(o32, o32_ref, o_len, SDPA_DTYPE_F32);
             CHECK(err <= 3.0 * ldexp(1.0, -24) + 1e-5, "i8 KV vs reference: %g", err);
             st = sdpa_attention(&t, &opts);
