@@ -29,16 +29,25 @@
 //!   packed rows outside every sequence and the LSE of those rows untouched;
 //! * with `poison`, every K/V slot no sequence reaches (pages no entry names, slots past a
 //!   sequence's length, packed rows between sequences or past their key lengths) holds NaN,
-//!   which the docs promise never leaks into results.
+//!   which the docs promise never leaks into results;
+//! * with `int8`, K and V are i8 with f32 scales (`Options::kv_scales`) at one of the three
+//!   granularities, each view's own: per tensor, per (kv head, channel), or per row of the
+//!   pool or packed buffer and kv head (per token). The values are the drawn ones quantized
+//!   ([`quantize_as`]; poisoned slots hold 0 there, still a key no result may include); the
+//!   dense copy of a paged call and the reference of a sequence get the same i8 rows and their
+//!   scales gathered the same way.
 
 use super::api::assert_one_of;
 use super::bytes::{pick, uint, urange, Writer};
 use super::contract::{check_against_reference, Outputs, RowAt, RowFacts};
 use super::differential::{side_pool, untouched_outside_view};
 use super::layout::{indices, Buffer, Layout, POISON, SENTINEL};
+use super::typed::quantize_as;
 use super::values::{Dist, Fill};
 use arbitrary::{Arbitrary, Result, Unstructured};
-use sdpa::{Alignment, Dim, Error, Operand, Options, PackedKv, PagedKv, Tensor, VarlenKv};
+use sdpa::{
+    Alignment, Dim, Error, KvElement, Operand, Options, PackedKv, PagedKv, Tensor, VarlenKv,
+};
 
 /// Most sequences.
 pub const MAX_BATCH: usize = 4;
@@ -92,6 +101,36 @@ pub enum PoolLayout {
 
 const POOL_LAYOUTS: [PoolLayout; 2] = [PoolLayout::Bshd, PoolLayout::Bhsd];
 
+/// The granularity of 8-bit K/V's scales (each of the four K/V views, pools and packed, has
+/// its own scales of that granularity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Int8 {
+    /// `[1, 1, 1, 1]`.
+    Tensor,
+    /// `[dim 0, dim 1, H_kv, 1]`: per page slot, or per packed row, and kv head.
+    Token,
+    /// `[1, 1, H_kv, d]`.
+    Channel,
+}
+
+const INT8: [Int8; 3] = [Int8::Tensor, Int8::Token, Int8::Channel];
+
+/// The first byte value that [`KvCacheCase::decode`] reads as 8-bit K/V (one case in four);
+/// below it, and where the input has ended, K/V are f32 (so inputs written before i8 existed
+/// decode as they did).
+const INT8_FROM: u64 = 192;
+
+impl Int8 {
+    /// The dims of the scales of a K or V view of `dims`.
+    fn scale_dims(self, [d0, d1, h, d]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Int8::Tensor => [1, 1, 1, 1],
+            Int8::Token => [d0, d1, h, 1],
+            Int8::Channel => [1, 1, h, d],
+        }
+    }
+}
+
 impl PoolLayout {
     fn layout(self) -> Layout {
         match self {
@@ -101,7 +140,7 @@ impl PoolLayout {
     }
 
     /// The view of `buf` (laid out by [`PoolLayout::layout`]) through the crate's constructor.
-    fn tensor(self, buf: &Buffer) -> Tensor<'_, f32> {
+    fn tensor<T: KvElement>(self, buf: &Buffer<T>) -> Tensor<'_, T> {
         let [n, s, h, d] = buf.dims;
         let t = match self {
             PoolLayout::Bshd => Tensor::bshd(&buf.data, buf.dims),
@@ -509,6 +548,8 @@ pub struct KvCacheCase {
     pub fills: [Fill; 3],
     /// K/V slots no sequence reaches hold NaN.
     pub poison: bool,
+    /// 8-bit K/V with scales of this granularity (else f32).
+    pub int8: Option<Int8>,
 }
 
 impl KvCacheCase {
@@ -563,6 +604,7 @@ impl KvCacheCase {
             opts: OptsSpec::default(),
             fills: [Fill::unit(1), Fill::unit(2), Fill::unit(3)],
             poison: false,
+            int8: None,
         }
     }
 
@@ -626,6 +668,10 @@ impl KvCacheCase {
         let opts = OptsSpec::decode(u)?;
         let fills = [Fill::decode(u)?, Fill::decode(u)?, Fill::decode(u)?];
         let poison = urange(u, 0, 1)? == 1;
+        let int8 = match uint(u, 1)? {
+            x if x >= INT8_FROM => Some(INT8[(x - INT8_FROM) as usize % INT8.len()]),
+            _ => None,
+        };
         Ok(KvCacheCase {
             batch,
             kv_heads,
@@ -651,6 +697,7 @@ impl KvCacheCase {
             opts,
             fills,
             poison,
+            int8,
         })
     }
 
@@ -709,6 +756,11 @@ impl KvCacheCase {
             f.encode(&mut w);
         }
         w.urange(self.poison.into(), 0, 1);
+        // f32 writes nothing: it is what an input that ends here decodes to.
+        if let Some(g) = self.int8 {
+            let i = INT8.iter().position(|&x| x == g).expect("in INT8");
+            w.uint(INT8_FROM + i as u64, 1);
+        }
         w.bytes
     }
 }
@@ -1241,17 +1293,61 @@ fn filled(dims: [usize; 4], layout: &Layout, fill: &Fill, salt: u64) -> Buffer {
     buf
 }
 
-/// Q (dense and packed), the pools and the packed K/V.
-struct Data {
+/// Q (dense and packed), the pools and the packed K/V: f32, or i8 with `scales`.
+struct Data<KV = f32> {
     q_paged: Buffer,
     q_varlen: Buffer,
+    k_pool: Buffer<KV>,
+    v_pool: Buffer<KV>,
+    k_packed: Buffer<KV>,
+    v_packed: Buffer<KV>,
+    scales: Option<Scales>,
+}
+
+/// The scales of 8-bit K/V: of the pools (paged calls) and of the packed K/V.
+struct Scales {
     k_pool: Buffer,
     v_pool: Buffer,
     k_packed: Buffer,
     v_packed: Buffer,
 }
 
-impl Data {
+/// A K/V element type of the check, and what a gathered slot that no call reads holds.
+trait Slot: KvElement {
+    const UNREAD: Self;
+}
+
+impl Slot for f32 {
+    const UNREAD: f32 = f32::from_bits(POISON);
+}
+
+impl Slot for i8 {
+    const UNREAD: i8 = 0;
+}
+
+impl Data<f32> {
+    /// The same case with 8-bit K/V: each view quantized with its own scales of granularity
+    /// `g` (NaN, the poison, becomes 0).
+    fn quantized(&self, g: Int8) -> Data<i8> {
+        let q = |b: &Buffer| quantize_as(b, g.scale_dims(b.dims));
+        let ((k_pool, ks_pool), (v_pool, vs_pool)) = (q(&self.k_pool), q(&self.v_pool));
+        let ((k_packed, ks_packed), (v_packed, vs_packed)) = (q(&self.k_packed), q(&self.v_packed));
+        Data {
+            q_paged: self.q_paged.clone(),
+            q_varlen: self.q_varlen.clone(),
+            k_pool,
+            v_pool,
+            k_packed,
+            v_packed,
+            scales: Some(Scales {
+                k_pool: ks_pool,
+                v_pool: vs_pool,
+                k_packed: ks_packed,
+                v_packed: vs_packed,
+            }),
+        }
+    }
+
     fn new(case: &KvCacheCase, plan: &Plan) -> Data {
         let [fq, fk, fv] = &case.fills;
         let [lk, lv] = case.pools.map(PoolLayout::layout);
@@ -1262,6 +1358,7 @@ impl Data {
             v_pool: filled(plan.v_pool, &lv, fv, 2),
             k_packed: filled(plan.k_packed, &lk, fk, 4),
             v_packed: filled(plan.v_packed, &lv, fv, 5),
+            scales: None,
         };
         if case.poison {
             data.poison(case, plan);
@@ -1331,6 +1428,8 @@ impl Data {
 pub struct KvStats {
     /// Cases.
     pub cases: usize,
+    /// ... of them with 8-bit K/V.
+    pub int8: usize,
     /// `PagedKv::new` refused the pools or table.
     pub ctor_rejected: usize,
     /// `attention_paged` calls that succeeded (and matched the dense call bitwise).
@@ -1353,6 +1452,7 @@ impl KvStats {
     /// Adds `other`'s counts.
     pub fn add(&mut self, other: &KvStats) {
         self.cases += other.cases;
+        self.int8 += other.int8;
         self.ctor_rejected += other.ctor_rejected;
         self.paged_ok += other.paged_ok;
         self.packed_ok += other.packed_ok;
@@ -1387,22 +1487,71 @@ fn assert_nothing_written(
 
 /// Runs and checks one case; panics with a description on any violation.
 pub fn check(case: &KvCacheCase) -> KvStats {
-    let mut stats = KvStats {
-        cases: 1,
-        ..KvStats::default()
-    };
     let plan = Plan::new(case);
     let data = Data::new(case, &plan);
+    match case.int8 {
+        Some(g) => check_with(case, &plan, &data.quantized(g)),
+        None => check_with(case, &plan, &data),
+    }
+}
+
+/// `options` with the scales of 8-bit K/V, if any.
+fn with_scales<'a>(options: Options<'a>, scales: Option<(&'a Buffer, &'a Buffer)>) -> Options<'a> {
+    match scales {
+        Some((k, v)) => options.kv_scales(k.view(), v.view()),
+        None => options,
+    }
+}
+
+/// A BSHD buffer of `[n0, n1]` rows of `src`'s heads and channels: at `[i, j]` the row
+/// `[x, y]` (`src`'s first two indices) that `rows(i, j)` names, `unread` where it names none.
+fn gather_rows<T: Copy>(
+    src: &Buffer<T>,
+    [n0, n1]: [usize; 2],
+    unread: T,
+    rows: impl Fn(usize, usize) -> Option<[usize; 2]>,
+) -> Buffer<T> {
+    let [_, _, heads, d] = src.dims;
+    let mut buf = Buffer::filled([n0, n1, heads, d], &Layout::BSHD, false, unread);
+    for [i, j, h, c] in indices(buf.dims).collect::<Vec<_>>() {
+        if let Some([x, y]) = rows(i, j) {
+            buf.set([i, j, h, c], src.at([x, y, h, c]));
+        }
+    }
+    buf
+}
+
+/// [`gather_rows`] of scales: those that vary along rows (per token) gathered (1 where no row
+/// is named: never read), the others the same view.
+fn gather_scales(
+    scales: &Buffer,
+    n: [usize; 2],
+    rows: impl Fn(usize, usize) -> Option<[usize; 2]>,
+) -> Buffer {
+    if scales.dims[..2] == [1, 1] {
+        scales.clone()
+    } else {
+        gather_rows(scales, n, 1.0, rows)
+    }
+}
+
+/// [`check`] on the case's K/V as `KV`.
+fn check_with<KV: Slot>(case: &KvCacheCase, plan: &Plan, data: &Data<KV>) -> KvStats {
+    let mut stats = KvStats {
+        cases: 1,
+        int8: data.scales.is_some().into(),
+        ..KvStats::default()
+    };
     let k_pool = case.pools[0].tensor(&data.k_pool);
     let v_pool = case.pools[1].tensor(&data.v_pool);
     let paged = PagedKv::new(k_pool, v_pool, &plan.table, case.pages_per_seq);
     assert_one_of(
         "PagedKv::new",
         &paged.as_ref().map(|_| ()).map_err(Clone::clone),
-        &ctor_errors(&plan, case.pages_per_seq),
+        &ctor_errors(plan, case.pages_per_seq),
     );
     if let Ok(kv) = &paged {
-        check_paged(case, &plan, &data, kv, &mut stats);
+        check_paged(case, plan, data, kv, &mut stats);
     } else {
         stats.ctor_rejected += 1;
     }
@@ -1411,24 +1560,25 @@ pub fn check(case: &KvCacheCase) -> KvStats {
         case.pools[1].tensor(&data.v_packed),
         &plan.cu_k,
     );
-    check_varlen(case, &plan, &data, &VarlenKv::from(packed), &mut stats);
+    check_varlen(case, plan, data, &VarlenKv::from(packed), &mut stats);
     if let Ok(kv) = paged {
-        check_varlen(case, &plan, &data, &VarlenKv::from(kv), &mut stats);
+        check_varlen(case, plan, data, &VarlenKv::from(kv), &mut stats);
     }
     stats
 }
 
 /// `attention_paged`: the model's answer, and on `Ok` bitwise the dense `attention_lse` on the
 /// gathered keys.
-fn check_paged(
+fn check_paged<KV: Slot>(
     case: &KvCacheCase,
     plan: &Plan,
-    data: &Data,
-    kv: &PagedKv<'_, f32>,
+    data: &Data<KV>,
+    kv: &PagedKv<'_, KV>,
     stats: &mut KvStats,
 ) {
     let errors = paged_errors(plan, case);
-    let opts = plan.options(&case.opts, true);
+    let pool_scales = data.scales.as_ref().map(|s| (&s.k_pool, &s.v_pool));
+    let opts = with_scales(plan.options(&case.opts, true), pool_scales);
     let q = data.q_paged.view();
     let mut out = Buffer::new(plan.out_paged, &case.out_layout, true, SENTINEL);
     let mut lse = plan.lse_paged.map(sentinel);
@@ -1447,21 +1597,23 @@ fn check_paged(
     // The same keys, dense: slot j of sequence b is slot j % page_size of its table entry's
     // page (NaN where the entry is not a page: past the sequence's length, never read).
     let [batch, n_q, heads, _] = plan.q_paged;
-    let [pages, page_size, kv_heads, d_k] = plan.k_pool;
-    let d_v = plan.v_pool[3];
+    let [pages, page_size, ..] = plan.k_pool;
     let pps = case.pages_per_seq;
     let cap = pps * page_size;
-    let gather = |pool: &Buffer, d: usize| {
-        let mut dense = Buffer::new([batch, cap, kv_heads, d], &Layout::BSHD, false, POISON);
-        for [b, j, h, c] in indices(dense.dims).collect::<Vec<_>>() {
-            let page = plan.table[b * pps + j / page_size] as usize;
-            if page < pages {
-                dense.set([b, j, h, c], pool.at([page, j % page_size, h, c]));
-            }
-        }
-        dense
+    let slot = |b: usize, j: usize| {
+        let page = plan.table[b * pps + j / page_size] as usize;
+        (page < pages).then_some([page, j % page_size])
     };
-    let (k, v) = (gather(&data.k_pool, d_k), gather(&data.v_pool, d_v));
+    let gather = |pool: &Buffer<KV>| gather_rows(pool, [batch, cap], KV::UNREAD, slot);
+    let (k, v) = (gather(&data.k_pool), gather(&data.v_pool));
+    let dense_scales = pool_scales.map(|(ks, vs)| {
+        let gather = |s: &Buffer| gather_scales(s, [batch, cap], slot);
+        (gather(ks), gather(vs))
+    });
+    let opts = with_scales(
+        plan.options(&case.opts, true),
+        dense_scales.as_ref().map(|(ks, vs)| (ks, vs)),
+    );
     let mut dense = Buffer::new(plan.out_paged, &case.out_layout, true, SENTINEL);
     let mut dense_lse = sentinel(batch * heads * n_q);
     sdpa::attention_lse(
@@ -1519,11 +1671,11 @@ fn sees_a_key(spec: &OptsSpec, i: usize, n_q: usize, n_kv: usize) -> bool {
 
 /// `attention_varlen` with `kv`: the model's answer, and on `Ok` every sequence against the
 /// reference on that sequence alone.
-fn check_varlen(
+fn check_varlen<KV: Slot>(
     case: &KvCacheCase,
     plan: &Plan,
-    data: &Data,
-    kv: &VarlenKv<'_, f32>,
+    data: &Data<KV>,
+    kv: &VarlenKv<'_, KV>,
     stats: &mut KvStats,
 ) {
     let packed = matches!(kv, VarlenKv::Packed(_));
@@ -1534,7 +1686,11 @@ fn check_varlen(
     };
     let errors = varlen_errors(plan, case, packed);
     // Packed K/V carry their lengths in the offsets; key lengths on top of them too when given.
-    let opts = plan.options(&case.opts, true);
+    let scales = data.scales.as_ref().map(|s| match packed {
+        true => (&s.k_packed, &s.v_packed),
+        false => (&s.k_pool, &s.v_pool),
+    });
+    let opts = with_scales(plan.options(&case.opts, true), scales);
     let q = data.q_varlen.view();
     let mut out = Buffer::new(plan.out_varlen, &case.out_layout, true, SENTINEL);
     let mut lse = plan.lse_varlen.map(sentinel);
@@ -1585,8 +1741,6 @@ fn check_varlen(
         }
     }
 
-    let alone = plan.options(&case.opts, false);
-    let [_, _, kv_heads, d_k] = if packed { plan.k_packed } else { plan.k_pool };
     for (b, pair) in cu.windows(2).enumerate() {
         let (first, n_q) = (pair[0], pair[1] - pair[0]);
         // The sequence's keys: where key j's row is, as the first two indices of the packed
@@ -1612,15 +1766,19 @@ fn check_varlen(
         } else {
             (&data.k_pool, &data.v_pool)
         };
-        let dense_keys = |src: &Buffer, d: usize| {
-            let mut buf = Buffer::new([1, n_kv, kv_heads, d], &Layout::BSHD, false, POISON);
-            for [_, j, h, c] in indices(buf.dims).collect::<Vec<_>>() {
-                let [x, y] = keys[j];
-                buf.set([0, j, h, c], src.at([x, y, h, c]));
-            }
-            buf
-        };
-        let (k, v) = (dense_keys(k_src, d_k), dense_keys(v_src, d_v));
+        let row = |_: usize, j: usize| Some(keys[j]);
+        let (k, v) = (
+            gather_rows(k_src, [1, n_kv], KV::UNREAD, row),
+            gather_rows(v_src, [1, n_kv], KV::UNREAD, row),
+        );
+        let alone_scales = scales.map(|(ks, vs)| {
+            let gather = |s: &Buffer| gather_scales(s, [1, n_kv], row);
+            (gather(ks), gather(vs))
+        });
+        let alone = with_scales(
+            plan.options(&case.opts, false),
+            alone_scales.as_ref().map(|(ks, vs)| (ks, vs)),
+        );
         let mut qs = Buffer::new([1, n_q, heads, d_q], &Layout::BSHD, false, POISON);
         for [_, i, h, c] in indices(qs.dims).collect::<Vec<_>>() {
             qs.set([0, i, h, c], data.q_varlen.at([0, first + i, h, c]));
@@ -1874,6 +2032,37 @@ pub fn seeds() -> Vec<(&'static str, KvCacheCase)> {
                     alibi: 7,
                     ..OptsSpec::default()
                 }),
+            ),
+        ),
+        (
+            "int8-token-scales-shared-pages",
+            with(shared.clone(), &|c| c.int8 = Some(Int8::Token)),
+        ),
+        (
+            "int8-channel-scales-gqa-d-v",
+            with(
+                KvCacheCase::plain(3, 3, 5, 1, 6, &[(4, 6), (6, 2), (0, 5), (2, 0)]),
+                &|c| {
+                    c.d_v = 11;
+                    c.num_pages = 12;
+                    c.table.reverse();
+                    c.int8 = Some(Int8::Channel);
+                },
+            ),
+        ),
+        (
+            "int8-tensor-scale-bhsd-poison",
+            with(base.clone(), &|c| {
+                c.pools = [PoolLayout::Bhsd; 2];
+                c.poison = true;
+                c.int8 = Some(Int8::Tensor);
+            }),
+        ),
+        (
+            "int8-decode-rows-token-scales",
+            with(
+                KvCacheCase::plain(2, 3, 32, 20, 6, &[(1, 117), (1, 64)]),
+                &|c| c.int8 = Some(Int8::Token),
             ),
         ),
         (

@@ -92,57 +92,55 @@ pub struct Quantized {
     pub v_scales: Buffer,
 }
 
-/// Each of `k` and `v` quantized with one step `s` (`max |x| / 127` over its finite values;
-/// NaN → 0, ±∞ → ±127), and scales — at a granularity the shapes choose: per (token, kv
-/// head), per (kv head, channel) or per tensor — cycling through `s`, `s/2`, `−s`, `2s` and 0
-/// (a per-tensor scale is `s`). The kernel and the reference see the same i8 values and
-/// scales; they need not reproduce the f32 values.
+/// Each of `k` and `v` quantized by [`quantize_as`] at a granularity the shapes choose: per
+/// (token, kv head), per (kv head, channel) or per tensor.
 pub fn quantize(k: &Buffer, v: &Buffer) -> Quantized {
-    let step = |b: &Buffer| {
-        let m = b
-            .logical()
-            .into_iter()
-            .filter(|x| x.is_finite())
-            .fold(0.0f32, |m, x| m.max(x.abs()));
-        if m > 0.0 {
-            m / 127.0
-        } else {
-            1.0
-        }
-    };
-    let values = |b: &Buffer, s: f32| {
-        b.map(|x| match x.is_nan() {
-            true => 0,
-            false => (x / s).round().clamp(-127.0, 127.0) as i8,
-        })
-    };
-    let scales = |b: &Buffer, s: f32| -> Buffer {
+    let dims = |b: &Buffer| {
         let [d0, d1, h, d] = b.dims;
-        let dims = match (d1 + d) % 3 {
+        match (d1 + d) % 3 {
             0 => [d0, d1, h, 1],
             1 => [1, 1, h, d],
             _ => [1, 1, 1, 1],
-        };
-        let n: usize = dims.iter().product();
-        let cycle = [1.0, 0.5, -1.0, 2.0, 0.0];
-        let values: Vec<f32> = (0..n)
-            .map(|i| {
-                if n == 1 {
-                    s
-                } else {
-                    s * cycle[i % cycle.len()]
-                }
-            })
-            .collect();
-        Buffer::bshd(dims, &values)
+        }
     };
-    let (sk, sv) = (step(k), step(v));
+    let (k, k_scales) = quantize_as(k, dims(k));
+    let (v, v_scales) = quantize_as(v, dims(v));
     Quantized {
-        k: values(k, sk),
-        v: values(v, sv),
-        k_scales: scales(k, sk),
-        v_scales: scales(v, sv),
+        k,
+        v,
+        k_scales,
+        v_scales,
     }
+}
+
+/// `b` quantized with one step `s` (`max |x| / 127` over its finite values; NaN → 0, ±∞ →
+/// ±127), in `b`'s layout, and contiguous scales of `scale_dims` (which broadcast against
+/// `b`'s dims) cycling through `s`, `s/2`, `−s`, `2s` and 0 (a single scale is `s`). The
+/// kernel and the reference see the same i8 values and scales; they need not reproduce the
+/// f32 values.
+pub fn quantize_as(b: &Buffer, scale_dims: [usize; 4]) -> (Buffer<i8>, Buffer) {
+    let m = b
+        .logical()
+        .into_iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f32, |m, x| m.max(x.abs()));
+    let s = if m > 0.0 { m / 127.0 } else { 1.0 };
+    let values = b.map(|x| match x.is_nan() {
+        true => 0,
+        false => (x / s).round().clamp(-127.0, 127.0) as i8,
+    });
+    let n: usize = scale_dims.iter().product();
+    let cycle = [1.0, 0.5, -1.0, 2.0, 0.0];
+    let scales: Vec<f32> = (0..n)
+        .map(|i| {
+            if n == 1 {
+                s
+            } else {
+                s * cycle[i % cycle.len()]
+            }
+        })
+        .collect();
+    (values, Buffer::bshd(scale_dims, &scales))
 }
 
 /// The operands of [`check_typed`], as f32.
