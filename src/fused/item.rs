@@ -91,17 +91,31 @@ struct Tiles {
     /// Few rows (decode): Q packed as rows and scores computed with channels along the lanes
     /// ([`dot_tile`]) instead of the transposed tile, which would leave most lanes idle.
     by_channels: bool,
-    /// 8-bit rows read in place (by channels, scales varying along one axis only; see
-    /// [`super::quant`]): keys where every row's dot product with integers of magnitude ≤ 128
-    /// stays finite in f32 before any scale multiplies it ([`int_dots_finite`]), values
-    /// wherever the source gives them in place ([`plan_int_rows`]).
-    int_values: bool,
-    int_keys: bool,
-    /// Of those, K's scales folded into Q's rows ([`fold_key_scales`]) and V's into the output
-    /// ([`scale_output_channels`]); otherwise each key's scale multiplies its scores and
-    /// weights ([`spread_factors`]).
-    k_fold: bool,
-    v_fold: bool,
+    /// How the item reads 8-bit keys and values ([`plan_int_rows`]; dequantized for every
+    /// other K/V type).
+    int_keys: IntRows,
+    int_values: IntRows,
+}
+
+/// How one side (K or V) of an item's 8-bit rows is read, decided once per item by
+/// [`plan_int_rows`] (see [`super::quant`] for the scale granularities).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntRows {
+    /// Converted to f32 with their scales where the block is loaded ([`KvSource::keys`],
+    /// [`load_values`]); every K/V type but i8, and i8 wherever the rows are not read in place.
+    Dequantized,
+    /// Read in place; each key's scale multiplies its scores or weights ([`spread_factors`],
+    /// [`apply_factors`]).
+    PerKey,
+    /// Read in place; the channel scales, the same for every key, folded into Q's rows (K)
+    /// or the output (V) once per item ([`scale_rows_by_channels`]).
+    Folded,
+}
+
+impl IntRows {
+    fn in_place(self) -> bool {
+        self != IntRows::Dequantized
+    }
 }
 
 /// One key block `j0 .. j1` (absolute key indices).
@@ -155,10 +169,8 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
         by_channels: bl.by_channels(),
-        int_values: false,
-        int_keys: false,
-        k_fold: false,
-        v_fold: false,
+        int_keys: IntRows::Dequantized,
+        int_values: IntRows::Dequantized,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
     if let Some(bf) = bl.pairs {
@@ -179,16 +191,24 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
         keys: (first, last),
         sc,
     });
-    if t.v_fold {
-        scale_output_channels(cx, item, &t, &mut sc.tile.o);
+    if t.int_values == IntRows::Folded {
+        // `Σ_j p_j·(v_j ⊙ s) = (Σ_j p_j·v_j) ⊙ s`: V's channel scales applied to the item's
+        // unnormalized output once, after its last block.
+        let o = &mut sc.tile.o[..t.rows * t.d_vp];
+        scale_rows_by_channels(cx, item, true, o, (t.d_vp, t.d_v));
     }
 }
 
-/// Which of the item's 8-bit rows are read in place (`Tiles::int_keys`, `int_values`) and how
-/// their scales are applied (`k_fold`, `v_fold`), decided once for all its blocks: whether
-/// the source gives rows in place depends on the call's shapes and strides only, so the first
-/// visible key's rows stand for every block's. Folded scales must never meet dequantized rows
-/// (they would apply twice).
+/// How the item reads its 8-bit keys and values (`Tiles::int_keys`, `int_values`), decided
+/// once for all its blocks: whether the source gives rows in place depends on the call's
+/// shapes and strides only, so the first visible key's rows stand for every block's. Folded
+/// scales must never meet dequantized rows (they would apply twice).
+///
+/// Keys in place need every row's dot product with integers of magnitude ≤ 128 to stay finite
+/// in f32 before any scale multiplies it ([`int_dots_finite`], on Q as folded). Scales that
+/// vary along channels only ([`KvSource::channel_scales`]) are folded: K's into each head's
+/// Q rows (`q·(k ⊙ s) = (q ⊙ s)·k`, one rounding per product as dequantizing has), V's into
+/// the output after the last block.
 fn plan_int_rows<S: Simd, Q: Element, KV: KvSource>(
     s: S,
     cx: &Ctx<'_, KV>,
@@ -204,63 +224,45 @@ fn plan_int_rows<S: Simd, Q: Element, KV: KvSource>(
         j0: first,
         len: 1,
     };
+    // The scales' shape is the call's: one head's answer is every head's.
+    let folds = |values: bool| cx.kv.channel_scales(values, item.batch, item.kv_head).is_some();
+    let (per_key, folded) = (IntRows::PerKey, IntRows::Folded);
     if (0..item.heads).all(|g| cx.kv.keys_in::<i8>(at(g)).is_some()) {
-        t.k_fold = fold_key_scales(cx, item, t, qt);
-        t.int_keys = int_dots_finite(s, &qt[..t.rows * t.d_k]);
-        if t.k_fold && !t.int_keys {
+        let rows = t.rows * t.d_k;
+        let fold = folds(false);
+        if fold {
+            scale_rows_by_channels(cx, item, false, &mut qt[..rows], (t.d_k, t.d_k));
+        }
+        if int_dots_finite(s, &qt[..rows]) {
+            t.int_keys = if fold { folded } else { per_key };
+        } else if fold {
             // The keys are dequantized after all: Q as given.
             pack_queries(s, cx, q, item, t, qt);
-            t.k_fold = false;
         }
     }
-    t.int_values = (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some());
-    // (`(Σ_j p_j·v_j)·s` is the sum the dequantized rows accumulate, so it overflows only where
-    // theirs does: values with `|v|·n_visible` near `f32::MAX`, README's documented limit.)
-    t.v_fold = t.int_values
-        && cx
-            .kv
-            .channel_scales(true, item.batch, item.kv_head)
-            .is_some();
+    if (0..item.heads).all(|g| cx.kv.values_in::<i8>(at(g), t.d_vp).is_some()) {
+        // (`(Σ_j p_j·v_j)·s` is the sum the dequantized rows accumulate, so it overflows only
+        // where theirs does: values with `|v|·n_visible` near `f32::MAX`, README's documented
+        // limit.)
+        t.int_values = if folds(true) { folded } else { per_key };
+    }
 }
 
-/// 8-bit keys whose scales vary along channels only ([`KvSource::channel_scales`]): each
-/// head's Q rows (by channels, `qt` rows of `d_k`) times its keys' channel scales, so that
-/// the dot products take the integers with no per-key factor: `q·(k ⊙ s) = (q ⊙ s)·k`, one
-/// rounding per product as dequantizing has. Returns whether it folded (never partly: the
-/// scales' shape is the call's).
-fn fold_key_scales(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, qt: &mut [f32]) -> bool {
-    let head_rows = t.rows / item.heads;
-    let kv = &cx.kv;
-    if kv.channel_scales(false, item.batch, item.kv_head).is_none() {
-        return false;
-    }
-    for (g, rows) in qt[..t.rows * t.d_k]
-        .chunks_exact_mut(head_rows * t.d_k)
-        .enumerate()
-    {
-        if let Some(scales) = kv.channel_scales(false, item.batch, item.kv_head + g) {
-            for row in rows.chunks_exact_mut(t.d_k) {
-                for (c, x) in row.iter_mut().enumerate() {
-                    *x *= scales.get(c);
-                }
-            }
-        }
-    }
-    true
-}
-
-/// `O ⊙= s` for each head's rows: V's channel scales applied to the item's unnormalized
-/// output once, after its last block: `Σ_j p_j·(v_j ⊙ s) = (Σ_j p_j·v_j) ⊙ s`, one rounding
-/// per output in place of one per value.
-fn scale_output_channels(cx: &Ctx<'_, impl KvSource>, item: &Item, t: &Tiles, o: &mut [f32]) {
-    let head_rows = t.rows / item.heads;
-    for (g, rows) in o[..t.rows * t.d_vp]
-        .chunks_exact_mut(head_rows * t.d_vp)
-        .enumerate()
-    {
-        if let Some(scales) = cx.kv.channel_scales(true, item.batch, item.kv_head + g) {
-            for row in rows.chunks_exact_mut(t.d_vp) {
-                for (c, x) in row[..t.d_v].iter_mut().enumerate() {
+/// Each head's rows of `rows` (stacked rows of the item, `ld` apart) times the channel scales
+/// of its kv head's keys (`values` false) or values, over their first `width` entries, for
+/// scales that vary along channels only ([`KvSource::channel_scales`]; else nothing changes).
+fn scale_rows_by_channels(
+    cx: &Ctx<'_, impl KvSource>,
+    item: &Item,
+    values: bool,
+    rows: &mut [f32],
+    (ld, width): (usize, usize),
+) {
+    let head_len = rows.len() / item.heads;
+    for (g, head) in rows.chunks_exact_mut(head_len).enumerate() {
+        if let Some(scales) = cx.kv.channel_scales(values, item.batch, item.kv_head + g) {
+            for row in head.chunks_exact_mut(ld) {
+                for (c, x) in row[..width].iter_mut().enumerate() {
                     *x *= scales.get(c);
                 }
             }
@@ -319,6 +321,12 @@ fn block_loop<S: Simd, KV: KvSource>(
         scales,
     } = kv;
     let head_rows = item.q_len * bl.group;
+    // bf16 products exist only with bf16 Q and K/V (`Problem::bf16_products`). Taking them
+    // through `KV::BF16` keeps the paired stages out of the other types' kernels, whose
+    // compiled loops they otherwise change: with the paired softmax in them, i8 decode took
+    // 1.2× as long (Zen 4, 2026-12-05).
+    debug_assert!(KV::BF16 || bl.pairs.is_none(), "bf16 products with non-bf16 K/V");
+    let bf16_dot = bl.pairs.filter(|_| KV::BF16);
     let mut j0 = first;
     while j0 < last {
         let j1 = j0 + (last - j0).min(bl.kv_block);
@@ -341,12 +349,12 @@ fn block_loop<S: Simd, KV: KvSource>(
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
             let (bufs, t_ref) = ((&mut **k_buf, &mut **scales), &t);
-            let paired = bl.pairs.map(|bf| (bf, &pairs.qt[..]));
+            let paired = bf16_dot.map(|bf| (bf, &pairs.qt[..]));
             *tiles += if KV::F16 {
                 head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             } else if KV::BF16 {
                 head_scores::<S, bf16, KV>(s, cx, item, t_ref, &block, bufs, tile, paired)
-            } else if KV::I8 && t.int_keys {
+            } else if KV::I8 && t.int_keys.in_place() {
                 head_scores::<S, i8, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             } else {
                 head_scores::<S, f32, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
@@ -359,7 +367,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
         } else {
             debug_assert_eq!(item.heads, 1);
-            let keys = match bl.pairs {
+            let keys = match bf16_dot {
                 Some(bf) => BlockKeys::Paired(
                     bf,
                     pair_keys(s, bf, &cx.kv, at(0), t.d_k, k_buf, &mut pairs.k),
@@ -378,12 +386,9 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.alibi.is_none()
             && p.bias.is_none();
         // bf16 products: the block's weights paired by keys as they are written, once for all
-        // heads (every head's output product then takes them, V in place or packed). Pairs
-        // exist only with bf16 Q and K/V (`Problem::bf16_products`); matching on `KV::BF16`
-        // too keeps the paired softmax out of the other types' kernels, whose compiled loops
-        // it otherwise changes: with it, i8 decode took 1.2× as long (Zen 4, 2026-12-05).
-        match bl.pairs {
-            Some(bf) if KV::BF16 => bf.run(PairedSoftmax {
+        // heads (every head's output product then takes them, V in place or packed).
+        match bf16_dot {
+            Some(bf) => bf.run(PairedSoftmax {
                 t: &t,
                 block: &block,
                 known_max,
@@ -391,17 +396,11 @@ fn block_loop<S: Simd, KV: KvSource>(
                 bf,
                 p: &mut pairs.p,
             }),
-            _ => {
-                debug_assert!(bl.pairs.is_none(), "bf16 products with non-bf16 K/V");
-                softmax_update(s, &t, &block, known_max, tile, None)
-            }
+            None => softmax_update(s, &t, &block, known_max, tile, None),
         }
         // 8-bit values in place: every head's weights times their values' scales first (unless
         // the scales are folded into the output), so that the output tile takes the integers.
-        let int_values = t.int_values;
-        if int_values && !t.v_fold {
-            // (bf16 products take bf16 K/V only: the pairs never miss the factors.)
-            debug_assert!(bl.pairs.is_none());
+        if t.int_values == IntRows::PerKey {
             for g in 0..item.heads {
                 let rows = g * head_rows..(g + 1) * head_rows;
                 cx.kv.value_scales(at(g), scales);
@@ -435,7 +434,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             } else if t.by_channels && KV::BF16 {
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
-                        match bl.pairs {
+                        match bf16_dot {
                             Some(bf) => pair_values_in_place::<S>(
                                 bf, &t, &block, v, rows, tile, &pairs.p, next_v,
                             ),
@@ -444,7 +443,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
-            } else if let (Some(bf), true) = (bl.pairs, KV::BF16) {
+            } else if let Some(bf) = bf16_dot {
                 // bf16 products on bf16 V rows (prefill): their words paired as stored.
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
@@ -453,16 +452,19 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
-            } else if int_values {
+            } else if t.int_values.in_place() {
                 // (Never NaN or ±∞: nothing to set aside.)
                 if let Some(v) = cx.kv.values_in::<i8>(at(g), t.d_vp) {
                     output_product(s, &t, &block, v, rows, tile, next_v);
                     continue;
                 }
             }
-            debug_assert!(!t.v_fold, "folded value scales on dequantized rows");
+            debug_assert!(
+                t.int_values != IntRows::Folded,
+                "folded value scales on dequantized rows"
+            );
             let values = load_values(s, &cx.kv, at(g), &t, isolate, v_buf, non_finite);
-            match bl.pairs {
+            match bf16_dot {
                 Some(bf) => {
                     pair_values(bf, len, t.d_vp, values, &mut pairs.v);
                     pair_output_product(bf, &t, &block, rows.clone(), tile, pairs);
@@ -521,7 +523,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             let range = (keys.clone(), rows.clone());
             count += match cx.kv.keys_in::<E>(at(g)) {
                 Some(k) => {
-                    if KV::I8 && !t.k_fold {
+                    if KV::I8 && t.int_keys == IntRows::PerKey {
                         let pass = KeyRange {
                             j0: block.j0 + keys.start,
                             len: keys.len(),
@@ -534,14 +536,17 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                     scores_by_channels(s, t, block, k, range, tile, next, paired)
                 }
                 None => {
-                    debug_assert!(!t.k_fold, "folded key scales on dequantized rows");
+                    debug_assert!(
+                        t.int_keys != IntRows::Folded,
+                        "folded key scales on dequantized rows"
+                    );
                     let k = cx.kv.keys(s, at(g), k_buf);
                     scores_by_channels(s, t, block, k, range, tile, next, None)
                 }
             };
         }
     }
-    if KV::I8 && in_place && !t.k_fold {
+    if KV::I8 && in_place && t.int_keys == IntRows::PerKey {
         apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
     }
     count
