@@ -225,7 +225,11 @@ fn plan_int_rows<S: Simd, Q: Element, KV: KvSource>(
         len: 1,
     };
     // The scales' shape is the call's: one head's answer is every head's.
-    let folds = |values: bool| cx.kv.channel_scales(values, item.batch, item.kv_head).is_some();
+    let folds = |values: bool| {
+        cx.kv
+            .channel_scales(values, item.batch, item.kv_head)
+            .is_some()
+    };
     let (per_key, folded) = (IntRows::PerKey, IntRows::Folded);
     if (0..item.heads).all(|g| cx.kv.keys_in::<i8>(at(g)).is_some()) {
         let rows = t.rows * t.d_k;
@@ -263,7 +267,7 @@ fn scale_rows_by_channels(
         if let Some(scales) = cx.kv.channel_scales(values, item.batch, item.kv_head + g) {
             for row in head.chunks_exact_mut(ld) {
                 for (c, x) in row[..width].iter_mut().enumerate() {
-                    *x *= scales.get(c);
+                    *x *= scales.at([0, 0, 0, c]);
                 }
             }
         }
@@ -325,7 +329,10 @@ fn block_loop<S: Simd, KV: KvSource>(
     // through `KV::BF16` keeps the paired stages out of the other types' kernels, whose
     // compiled loops they otherwise change: with the paired softmax in them, i8 decode took
     // 1.2× as long (Zen 4, 2026-12-05).
-    debug_assert!(KV::BF16 || bl.pairs.is_none(), "bf16 products with non-bf16 K/V");
+    debug_assert!(
+        KV::BF16 || bl.pairs.is_none(),
+        "bf16 products with non-bf16 K/V"
+    );
     let bf16_dot = bl.pairs.filter(|_| KV::BF16);
     let mut j0 = first;
     while j0 < last {

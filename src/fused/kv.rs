@@ -11,6 +11,7 @@
 //! caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
 use crate::element::{Element, KvElement};
+use crate::problem::Broadcast;
 use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
 
@@ -153,7 +154,7 @@ pub(crate) trait KvSource: Sync {
 
     /// For 8-bit storage whose K (`values = false`) or V (`true`) scales are the same for
     /// every key of a (batch, kv head) (per tensor, per (kv head, channel)): the scales of
-    /// `(batch, kv_head)`'s channels. The rows [`KvSource::keys_in`]/[`KvSource::values_in`]
+    /// `(batch, kv_head)`'s channels, channel `c`'s at `[0, 0, 0, c]`. The rows [`KvSource::keys_in`]/[`KvSource::values_in`]
     /// give are then the integers alone, and [`KvSource::key_scales`] does not apply: the
     /// kernel folds these into Q (keys) or into the output (values). `None` otherwise.
     fn channel_scales(
@@ -161,7 +162,7 @@ pub(crate) trait KvSource: Sync {
         _values: bool,
         _batch: usize,
         _kv_head: usize,
-    ) -> Option<Channels<'_>> {
+    ) -> Option<Broadcast<'_, f32>> {
         None
     }
 
@@ -180,22 +181,6 @@ pub(crate) trait KvSource: Sync {
     /// strided rows only (paged caches and strided channels give `None`). Computed once per
     /// block and head, so that each request is address arithmetic.
     fn prefetch_streams(&self, at: KeyRange) -> [Option<RowStream>; 2];
-}
-
-/// The scale of each channel of one (batch, kv head): channel `c`'s at `data[c · stride]`
-/// (`stride` 0: one scale for all).
-#[derive(Clone, Copy)]
-pub(crate) struct Channels<'s> {
-    pub data: &'s [f32],
-    pub stride: usize,
-}
-
-impl Channels<'_> {
-    /// Channel `c`'s scale (`c` below the head size the scales were validated against).
-    #[inline(always)]
-    pub fn get(&self, c: usize) -> f32 {
-        self.data[c * self.stride]
-    }
 }
 
 /// Converts `src` into `dst` (same length) with the lanes' conversions, whole vectors first.

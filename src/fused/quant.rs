@@ -24,7 +24,7 @@
 //! folded with K's scales, if they are — large enough to overflow the integer dot products:
 //! `Tiles` in [`super::item`]).
 
-use super::kv::{Channels, KeyRange, KvSource, RowMap, Rows, TensorKv};
+use super::kv::{KeyRange, KvSource, RowMap, Rows, TensorKv};
 use crate::problem::{Broadcast, KvScales};
 use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
@@ -196,7 +196,12 @@ impl KvSource for QuantKv<'_> {
         self.in_place(&self.kv.v, self.scaling[1], at)
     }
 
-    fn channel_scales(&self, values: bool, batch: usize, kv_head: usize) -> Option<Channels<'_>> {
+    fn channel_scales(
+        &self,
+        values: bool,
+        batch: usize,
+        kv_head: usize,
+    ) -> Option<Broadcast<'_, f32>> {
         let (scales, scaling) = match values {
             false => (&self.scales.k, self.scaling[0]),
             true => (&self.scales.v, self.scaling[1]),
@@ -208,9 +213,9 @@ impl KvSource for QuantKv<'_> {
         // dense dim 0 (packed and paged scales have stride 0 there: `Scaling::of`), and
         // `kv_head` inside dim 2.
         let [s0, _, s2, s3] = scales.strides;
-        Some(Channels {
+        Some(Broadcast {
             data: &scales.data[batch * s0 + kv_head * s2..],
-            stride: s3,
+            strides: [0, 0, 0, s3],
         })
     }
 
