@@ -325,15 +325,17 @@ fn block_loop<S: Simd, KV: KvSource>(
         scales,
     } = kv;
     let head_rows = item.q_len * bl.group;
-    // bf16 products exist only with bf16 Q and K/V (`Problem::bf16_products`). Taking them
-    // through `KV::BF16` keeps the paired stages out of the other types' kernels, whose
-    // compiled loops they otherwise change: with the paired softmax in them, i8 decode took
-    // 1.2× as long (Zen 4, 2026-12-05).
+    // bf16 products exist only with bf16 Q and K/V (`Problem::bf16_products`). The paired
+    // softmax and the prefill's paired V rows are also matched on `KV::BF16`, which keeps them
+    // out of the other types' kernels, whose compiled loops they otherwise change: with the
+    // paired softmax in them, i8 decode took 1.2× as long (Zen 4, 2026-12-05). (Taking every
+    // paired stage through `KV::BF16` instead, `bl.pairs.filter(|_| KV::BF16)`, made f32 and
+    // f16 decode 4–6% slower in sdpa/read, alternated on the same VM: code placement, not
+    // work. The two guards stay where they were measured.)
     debug_assert!(
         KV::BF16 || bl.pairs.is_none(),
         "bf16 products with non-bf16 K/V"
     );
-    let bf16_dot = bl.pairs.filter(|_| KV::BF16);
     let mut j0 = first;
     while j0 < last {
         let j1 = j0 + (last - j0).min(bl.kv_block);
@@ -356,7 +358,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             // The element type the rows are read in is chosen by constants of the source, so
             // only its own kernels are compiled for each K/V type.
             let (bufs, t_ref) = ((&mut **k_buf, &mut **scales), &t);
-            let paired = bf16_dot.map(|bf| (bf, &pairs.qt[..]));
+            let paired = bl.pairs.map(|bf| (bf, &pairs.qt[..]));
             *tiles += if KV::F16 {
                 head_scores::<S, f16, KV>(s, cx, item, t_ref, &block, bufs, tile, None)
             } else if KV::BF16 {
@@ -374,7 +376,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             }
         } else {
             debug_assert_eq!(item.heads, 1);
-            let keys = match bf16_dot {
+            let keys = match bl.pairs {
                 Some(bf) => BlockKeys::Paired(
                     bf,
                     pair_keys(s, bf, &cx.kv, at(0), t.d_k, k_buf, &mut pairs.k),
@@ -394,8 +396,8 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.bias.is_none();
         // bf16 products: the block's weights paired by keys as they are written, once for all
         // heads (every head's output product then takes them, V in place or packed).
-        match bf16_dot {
-            Some(bf) => bf.run(PairedSoftmax {
+        match bl.pairs {
+            Some(bf) if KV::BF16 => bf.run(PairedSoftmax {
                 t: &t,
                 block: &block,
                 known_max,
@@ -403,7 +405,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                 bf,
                 p: &mut pairs.p,
             }),
-            None => softmax_update(s, &t, &block, known_max, tile, None),
+            _ => softmax_update(s, &t, &block, known_max, tile, None),
         }
         // 8-bit values in place: every head's weights times their values' scales first (unless
         // the scales are folded into the output), so that the output tile takes the integers.
@@ -441,7 +443,7 @@ fn block_loop<S: Simd, KV: KvSource>(
             } else if t.by_channels && KV::BF16 {
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
-                        match bf16_dot {
+                        match bl.pairs {
                             Some(bf) => pair_values_in_place::<S>(
                                 bf, &t, &block, v, rows, tile, &pairs.p, next_v,
                             ),
@@ -450,7 +452,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                         continue;
                     }
                 }
-            } else if let Some(bf) = bf16_dot {
+            } else if let (Some(bf), true) = (bl.pairs, KV::BF16) {
                 // bf16 products on bf16 V rows (prefill): their words paired as stored.
                 if let Some(v) = cx.kv.values_in::<bf16>(at(g), t.d_vp) {
                     if !isolate || all_finite(s, v, len, t.d_vp) {
@@ -471,7 +473,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                 "folded value scales on dequantized rows"
             );
             let values = load_values(s, &cx.kv, at(g), &t, isolate, v_buf, non_finite);
-            match bf16_dot {
+            match bl.pairs {
                 Some(bf) => {
                     pair_values(bf, len, t.d_vp, values, &mut pairs.v);
                     pair_output_product(bf, &t, &block, rows.clone(), tile, pairs);
