@@ -1858,6 +1858,15 @@ pub fn seeds() -> Vec<(&'static str, KvCacheCase)> {
             c.poison = true;
         },
     );
+    // Pages of one token, three kv heads in GQA groups of 3, `d_v ≠ d_k`, the table reversed.
+    let page_size_1_gqa = with(
+        KvCacheCase::plain(3, 3, 5, 1, 6, &[(4, 6), (6, 2), (0, 5), (2, 0)]),
+        &|c| {
+            c.d_v = 11;
+            c.num_pages = 12;
+            c.table.reverse();
+        },
+    );
     let opts = |o: OptsSpec| move |c: &mut KvCacheCase| c.opts = o;
     vec![
         ("plain", base.clone()),
@@ -1870,17 +1879,7 @@ pub fn seeds() -> Vec<(&'static str, KvCacheCase)> {
                 c.seqs[0].k_extra = 3;
             }),
         ),
-        (
-            "page-size-1-gqa",
-            with(
-                KvCacheCase::plain(3, 3, 5, 1, 6, &[(4, 6), (6, 2), (0, 5), (2, 0)]),
-                &|c| {
-                    c.d_v = 11;
-                    c.num_pages = 12;
-                    c.table.reverse();
-                },
-            ),
-        ),
+        ("page-size-1-gqa", page_size_1_gqa.clone()),
         (
             "decode-rows-long-pages",
             with(
@@ -2040,15 +2039,7 @@ pub fn seeds() -> Vec<(&'static str, KvCacheCase)> {
         ),
         (
             "int8-channel-scales-gqa-d-v",
-            with(
-                KvCacheCase::plain(3, 3, 5, 1, 6, &[(4, 6), (6, 2), (0, 5), (2, 0)]),
-                &|c| {
-                    c.d_v = 11;
-                    c.num_pages = 12;
-                    c.table.reverse();
-                    c.int8 = Some(Int8::Channel);
-                },
-            ),
+            with(page_size_1_gqa.clone(), &|c| c.int8 = Some(Int8::Channel)),
         ),
         (
             "int8-tensor-scale-bhsd-poison",
