@@ -154,9 +154,10 @@ pub(crate) trait KvSource: Sync {
 
     /// For 8-bit storage whose K (`values = false`) or V (`true`) scales are the same for
     /// every key of a (batch, kv head) (per tensor, per (kv head, channel)): the scales of
-    /// `(batch, kv_head)`'s channels, channel `c`'s at `[0, 0, 0, c]`. The rows [`KvSource::keys_in`]/[`KvSource::values_in`]
-    /// give are then the integers alone, and [`KvSource::key_scales`] does not apply: the
-    /// kernel folds these into Q (keys) or into the output (values). `None` otherwise.
+    /// `(batch, kv_head)`'s channels, channel `c`'s at `[0, 0, 0, c]`. The rows
+    /// [`KvSource::keys_in`]/[`KvSource::values_in`] give are then the integers alone, and
+    /// [`KvSource::key_scales`] does not apply: the kernel folds these into Q (keys) or into
+    /// the output (values). `None` otherwise.
     fn channel_scales(
         &self,
         _values: bool,
