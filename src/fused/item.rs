@@ -330,7 +330,7 @@ fn block_loop<S: Simd, KV: KvSource>(
     // out of the other types' kernels, whose compiled loops they otherwise change: with the
     // paired softmax in them, i8 decode took 1.2× as long (Zen 4, 2026-12-05). (Taking every
     // paired stage through `KV::BF16` instead, `bl.pairs.filter(|_| KV::BF16)`, made f32 and
-    // f16 decode 4–6% slower in sdpa/read, alternated on the same VM: code placement, not
+    // f16 decode 3–8% slower in sdpa/read, six alternated pairs on the same VM: placement, not
     // work. The two guards stay where they were measured.)
     debug_assert!(
         KV::BF16 || bl.pairs.is_none(),
