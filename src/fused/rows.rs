@@ -6,6 +6,7 @@ use super::item::Item;
 use crate::element::Element;
 use crate::math::{exp2, log2};
 use crate::problem::Problem;
+use crate::simd::{dispatch, Kernel, Simd};
 use crate::tensor::TensorMut;
 use std::f32::consts::{LN_2, LOG2_E};
 
@@ -19,22 +20,46 @@ pub(crate) struct Part<'a> {
 }
 
 /// Combines row `r` of `parts` (disjoint key ranges, in key order) into `acc` (`d_vp`
-/// values) and returns its `(m, l)`: `m = max_k m_k`, `l = Σ_k l_k·2^(m_k − m)`,
-/// `acc = Σ_k o_k·2^(m_k − m)`, summed in the order of `parts`, so the result does not depend
-/// on which thread computed which part. With one part every weight is exactly 1: the part
-/// itself.
-fn combine_row(parts: &[Part<'_>], r: usize, d_vp: usize, acc: &mut [f32]) -> (f32, f32) {
-    let top = parts.iter().map(|p| p.m[r]).fold(-f32::MAX, f32::max);
-    acc.fill(0.0);
-    let mut l = 0.0;
-    for p in parts {
-        let w = exp2(p.m[r] - top);
-        l += p.l[r] * w;
-        for (a, &x) in acc.iter_mut().zip(&p.o[r * d_vp..(r + 1) * d_vp]) {
-            *a += x * w;
+/// values, whole vectors of the backend's lanes) and returns its `(m, l)`: `m = max_k m_k`,
+/// `l = Σ_k l_k·2^(m_k − m)`, `acc = Σ_k o_k·2^(m_k − m)`, summed in the order of `parts`, so
+/// the result does not depend on which thread computed which part. With one part every weight
+/// is exactly 1: the part itself. On the backend's lanes (a multiply, then an add, rounded
+/// as the scalar loop before it): compiled for the crate's baseline target, that loop was 3–6%
+/// of a decode step in the L3 (up to 32 key splits of 32 rows each).
+struct CombineRow<'a, 'p> {
+    parts: &'a [Part<'p>],
+    r: usize,
+    d_vp: usize,
+    acc: &'a mut [f32],
+}
+
+impl Kernel for CombineRow<'_, '_> {
+    type Output = (f32, f32);
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) -> (f32, f32) {
+        let CombineRow {
+            parts,
+            r,
+            d_vp,
+            acc,
+        } = self;
+        debug_assert_eq!(d_vp % S::LANES, 0);
+        let top = parts.iter().map(|p| p.m[r]).fold(-f32::MAX, f32::max);
+        acc.fill(0.0);
+        let mut l = 0.0;
+        for p in parts {
+            let w = exp2(p.m[r] - top);
+            l += p.l[r] * w;
+            let wv = s.splat(w);
+            for (a, x) in acc[..d_vp]
+                .chunks_exact_mut(S::LANES)
+                .zip(p.o[r * d_vp..(r + 1) * d_vp].chunks_exact(S::LANES))
+            {
+                s.store(a, s.add(s.load(a), s.mul(s.load(x), wv)));
+            }
         }
+        (top, l)
     }
-    (top, l)
 }
 
 /// Combines the parts of `item` and writes each of its rows.
@@ -54,7 +79,12 @@ pub(crate) fn finish_item<O: Element>(
         let (o, m, l) = match parts {
             [p] => (&p.o[r * d_vp..(r + 1) * d_vp], p.m[r], p.l[r]),
             _ => {
-                let (m, l) = combine_row(parts, r, d_vp, acc);
+                let (m, l) = dispatch(CombineRow {
+                    parts,
+                    r,
+                    d_vp,
+                    acc,
+                });
                 (&acc[..], m, l)
             }
         };
