@@ -235,6 +235,67 @@ fn channel_scales_at_the_documented_limit_do_not_overflow() {
     }
 }
 
+/// Decode folds scales that vary along channels only into Q and the output, reading them by
+/// whole vectors where they are contiguous, as one value where there is one, and one by one
+/// through their strides otherwise: the same scales as a contiguous `[1, 1, H_kv, d]`, a view
+/// with channel stride 2, and one scale as a `[1, 1, 1, 1]` tensor, as a zero-stride view of the
+/// full dims or repeated in a contiguous `[1, 1, H_kv, d]` give the same bits, at head sizes with and without a partial vector (d = 40: K's
+/// fold has a tail, V is dequantized; d = 48: both folded).
+#[test]
+fn channel_scale_views_fold_to_the_same_bits() {
+    let (h, h_kv, n_kv) = (8, 2, 600);
+    for d in [40, 48] {
+        let q = values(h * d, 90);
+        let k = quantized(n_kv * h_kv * d, 91);
+        let v = quantized(n_kv * h_kv * d, 92);
+        let kv_dims = [1, n_kv, h_kv, d];
+        let run = |ks: Tensor<'_, f32>, vs: Tensor<'_, f32>| {
+            let mut out = vec![0.0f32; h * d];
+            sdpa::attention(
+                &Tensor::bshd(&q, [1, 1, h, d]).unwrap(),
+                &Tensor::bshd(&k, kv_dims).unwrap(),
+                &Tensor::bshd(&v, kv_dims).unwrap(),
+                &mut TensorMut::bshd(&mut out, [1, 1, h, d]).unwrap(),
+                &Options::new().kv_scales(ks, vs),
+            )
+            .unwrap();
+            bits(&out)
+        };
+        let ks: Vec<f32> = (0..h_kv * d).map(|i| 0.004 + i as f32 * 1e-5).collect();
+        let vs: Vec<f32> = (0..h_kv * d).map(|i| 0.01 - i as f32 * 2e-5).collect();
+        let spaced = |x: &[f32]| x.iter().flat_map(|&x| [x, f32::NAN]).collect::<Vec<_>>();
+        let (ks2, vs2) = (spaced(&ks), spaced(&vs));
+        let channels = [1, 1, h_kv, d];
+        let contiguous = run(
+            Tensor::bshd(&ks, channels).unwrap(),
+            Tensor::bshd(&vs, channels).unwrap(),
+        );
+        let strided = [0, 0, 2 * d, 2];
+        let every_other = run(
+            Tensor::new(&ks2, channels, strided).unwrap(),
+            Tensor::new(&vs2, channels, strided).unwrap(),
+        );
+        assert_eq!(contiguous, every_other, "d = {d}, channel stride 2");
+        let (k1, v1) = ([0.0123f32], [-0.0456f32]);
+        let one = run(
+            Tensor::bshd(&k1, [1, 1, 1, 1]).unwrap(),
+            Tensor::bshd(&v1, [1, 1, 1, 1]).unwrap(),
+        );
+        let spread = run(
+            Tensor::new(&k1, kv_dims, [0; 4]).unwrap(),
+            Tensor::new(&v1, kv_dims, [0; 4]).unwrap(),
+        );
+        assert_eq!(one, spread, "d = {d}, per tensor");
+        let (k_all, v_all) = (vec![k1[0]; h_kv * d], vec![v1[0]; h_kv * d]);
+        let per_channel = run(
+            Tensor::bshd(&k_all, channels).unwrap(),
+            Tensor::bshd(&v_all, channels).unwrap(),
+        );
+        assert_eq!(one, per_channel, "d = {d}, per tensor against per channel");
+        assert!(one.iter().any(|&x| x != 0), "d = {d}: a real output");
+    }
+}
+
 /// Runs dense i8 attention (B = 2, n_q = 3, H = 4, H_kv = 2, n_kv = 100, d = 32) with the
 /// given scales into a fresh output.
 fn run_dense(k_scale: &[f32], v_scale: &[f32], dims: [usize; 4]) -> Result<Vec<f32>, Error> {

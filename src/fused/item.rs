@@ -278,7 +278,8 @@ fn scale_rows_by_channels<S: Simd>(
             let row = &mut row[..width];
             match scales.strides[3] {
                 0 => {
-                    let (x, one) = (scales.at([0; 4]), s.splat(scales.at([0; 4])));
+                    let x = scales.at([0; 4]);
+                    let one = s.splat(x);
                     let (body, tail) = row.split_at_mut(whole);
                     for v in body.chunks_exact_mut(S::LANES) {
                         s.store(v, s.mul(s.load(v), one));
