@@ -237,10 +237,11 @@ fn channel_scales_at_the_documented_limit_do_not_overflow() {
 
 /// Decode folds scales that vary along channels only into Q and the output, reading them by
 /// whole vectors where they are contiguous, as one value where there is one, and one by one
-/// through their strides otherwise: the same scales as a contiguous `[1, 1, H_kv, d]`, a view
-/// with channel stride 2, and one scale as a `[1, 1, 1, 1]` tensor, as a zero-stride view of the
-/// full dims or repeated in a contiguous `[1, 1, H_kv, d]` give the same bits, at head sizes with and without a partial vector (d = 40: K's
-/// fold has a tail, V is dequantized; d = 48: both folded).
+/// through their strides otherwise. The same scales as a contiguous `[1, 1, H_kv, d]` and as a
+/// view with channel stride 2, and one scale as a `[1, 1, 1, 1]` tensor, as a zero-stride view
+/// of the full dims or repeated in a contiguous `[1, 1, H_kv, d]`, give the same bits, at head
+/// sizes with and without a partial vector (d = 40: K's fold has a tail, V is dequantized;
+/// d = 48: both folded).
 #[test]
 fn channel_scale_views_fold_to_the_same_bits() {
     let (h, h_kv, n_kv) = (8, 2, 600);
