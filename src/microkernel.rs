@@ -185,15 +185,16 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
 /// the transposed tile would leave most lanes idle. `KEYS · ROWS` accumulators, each K vector
 /// loaded (and converted) once for all rows and each Q vector once for all keys; the lane sums
 /// at the end ([`Simd::reduce_add16`] for more than four scores), and the channels past the
-/// last whole vector in scalar.
+/// last whole vector in scalar. `factors`: each key's score times its factor (8-bit keys with
+/// a scale per key), one rounding after the whole sum, as the sums are stored.
 #[inline(always)]
 pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     s: S,
     k: [&[E]; KEYS],
     q: &[f32],
     d: usize,
-    out: &mut [f32],
-    ld_out: usize,
+    (out, ld_out): (&mut [f32], usize),
+    factors: Option<[f32; KEYS]>,
 ) {
     let lanes = S::LANES;
     let mut k = k;
@@ -243,6 +244,13 @@ pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         for r in 0..ROWS {
             for p in whole..d {
                 out[t * ld_out + r] += k[t][p].scalar() * q[r * d + p];
+            }
+        }
+    }
+    if let Some(f) = factors {
+        for (t, &f) in f.iter().enumerate() {
+            for x in &mut out[t * ld_out..t * ld_out + ROWS] {
+                *x *= f;
             }
         }
     }
@@ -338,7 +346,7 @@ mod tests {
             let k: [&[f32]; KEYS] = core::array::from_fn(|t| &keys[t][..]);
             let ld = ROWS + 3;
             let mut out = vec![f32::NAN; KEYS * ld];
-            dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d, &mut out, ld);
+            dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d, (&mut out, ld), None);
             for t in 0..KEYS {
                 for r in ROWS..ld {
                     assert!(out[t * ld + r].is_nan(), "wrote past the tile");
@@ -352,6 +360,19 @@ mod tests {
                         (got - want).abs() < 1e-5,
                         "{KEYS}x{ROWS} d={d}: {got} vs {want}"
                     );
+                }
+            }
+            // Per-key factors: each whole sum times its key's factor, one rounding.
+            let f: [f32; KEYS] = core::array::from_fn(|t| value(t + 77) * 3.0);
+            let mut scaled = vec![f32::NAN; KEYS * ld];
+            dot_tile::<S, KEYS, ROWS, f32>(s, k, &q, d, (&mut scaled, ld), Some(f));
+            for t in 0..KEYS {
+                for r in 0..ld {
+                    let (got, plain) = (scaled[t * ld + r], out[t * ld + r]);
+                    match r < ROWS {
+                        true => assert_eq!(got.to_bits(), (plain * f[t]).to_bits()),
+                        false => assert!(got.is_nan(), "wrote past the tile"),
+                    }
                 }
             }
         }

@@ -104,8 +104,9 @@ enum IntRows {
     /// Converted to f32 with their scales where the block is loaded ([`KvSource::keys`],
     /// [`load_values`]); every K/V type but i8, and i8 wherever the rows are not read in place.
     Dequantized,
-    /// Read in place; each key's scale multiplies its scores or weights ([`spread_factors`],
-    /// [`apply_factors`]).
+    /// Read in place; each key's scale multiplies its scores as the score tile stores them
+    /// ([`crate::microkernel::dot_tile`]) or its weights as the softmax writes them
+    /// ([`spread_factors`], [`softmax_update`]).
     PerKey,
     /// Read in place; the channel scales, the same for every key, folded into Q's rows (K)
     /// or the output (V) once per item ([`scale_rows_by_channels`]).
@@ -429,6 +430,19 @@ fn block_loop<S: Simd, KV: KvSource>(
             && p.softcap.is_none()
             && p.alibi.is_none()
             && p.bias.is_none();
+        // 8-bit values in place: every head's weights times their values' scales (unless the
+        // scales are folded into the output), so that the output tile takes the integers; the
+        // scales spread over the rows as factors, applied as the softmax writes the weights.
+        let factors = if KV::I8 && t.int_values == IntRows::PerKey {
+            for g in 0..item.heads {
+                let rows = g * head_rows..(g + 1) * head_rows;
+                cx.kv.value_scales(at(g), scales);
+                spread_factors(&scales[..block.len()], rows, t.ld_s, k_buf);
+            }
+            Some(&k_buf[..])
+        } else {
+            None
+        };
         // bf16 products: the block's weights paired by keys as they are written, once for all
         // heads (every head's output product then takes them, V in place or packed).
         match bl.pairs {
@@ -440,17 +454,7 @@ fn block_loop<S: Simd, KV: KvSource>(
                 bf,
                 p: &mut pairs.p,
             }),
-            _ => softmax_update(s, &t, &block, known_max, tile, None),
-        }
-        // 8-bit values in place: every head's weights times their values' scales first (unless
-        // the scales are folded into the output), so that the output tile takes the integers.
-        if t.int_values == IntRows::PerKey {
-            for g in 0..item.heads {
-                let rows = g * head_rows..(g + 1) * head_rows;
-                cx.kv.value_scales(at(g), scales);
-                spread_factors(&scales[..block.len()], rows, t.ld_s, k_buf);
-            }
-            apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
+            _ => softmax_update(s, &t, &block, known_max, tile, None, factors),
         }
         for g in 0..item.heads {
             let rows = g * head_rows..(g + 1) * head_rows;
@@ -526,8 +530,8 @@ fn block_loop<S: Simd, KV: KvSource>(
 /// keys outside, heads inside, so that the rows of all the item's heads for a few tokens — one
 /// contiguous stretch of a token-major cache — are read in address order. Other storage is
 /// converted head by head through `keys` into `k_buf`. 8-bit keys in place (`E` = `i8`) have
-/// their scores multiplied by their scales: read into `scales`, spread over the rows in
-/// `k_buf` ([`spread_factors`]), applied after the last pass. Returns the number of tiles
+/// their scores multiplied by their scales: read into `scales` at the keys' places in the
+/// block, applied by the score tile as it stores each sum. Returns the number of tiles
 /// computed. `paired`: the bf16 dot products and Q's pair rows ([`pair_queries`]), for bf16
 /// keys in place.
 #[allow(clippy::too_many_arguments)] // one stage's operands
@@ -567,17 +571,19 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
             let range = (keys.clone(), rows.clone());
             count += match cx.kv.keys_in::<E>(at(g)) {
                 Some(k) => {
-                    if KV::I8 && t.int_keys == IntRows::PerKey {
+                    let factors = if KV::I8 && t.int_keys == IntRows::PerKey {
                         let pass = KeyRange {
                             j0: block.j0 + keys.start,
                             len: keys.len(),
                             ..at(g)
                         };
-                        cx.kv.key_scales(pass, scales);
-                        let factors = &mut k_buf[keys.start * t.ld_s..];
-                        spread_factors(&scales[..keys.len()], rows, t.ld_s, factors);
-                    }
-                    scores_by_channels(s, t, block, k, range, tile, next, paired)
+                        // (At the keys' places in the block, as the tile indexes them.)
+                        cx.kv.key_scales(pass, &mut scales[keys.clone()]);
+                        Some(&scales[..keys.end])
+                    } else {
+                        None
+                    };
+                    scores_by_channels(s, t, block, k, range, tile, next, (paired, factors))
                 }
                 None => {
                     debug_assert!(
@@ -585,20 +591,18 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                         "folded key scales on dequantized rows"
                     );
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, next, None)
+                    scores_by_channels(s, t, block, k, range, tile, next, (None, None))
                 }
             };
         }
-    }
-    if KV::I8 && in_place && t.int_keys == IntRows::PerKey {
-        apply_factors(s, block.len(), t.ld_s, k_buf, &mut tile.st);
     }
     count
 }
 
 /// Writes `scales[j]` to the entries of `rows` of key `j` in `factors` (laid out like Sᵀ,
 /// leading dimension `ld_s`), for every `j`: the per-key scales of one head's 8-bit rows read
-/// in place, spread so that [`apply_factors`] multiplies whole vectors of rows. Written four
+/// in place, spread so that [`softmax_update`] multiplies whole vectors of rows (padding rows
+/// take whatever `factors` holds there: they are never written out). Written four
 /// entries at a time: a head's rows are few (decode: `n_q · group`, often exactly four), and
 /// `fill` on a slice of unknown length compiled to a loop of scalar stores, 8% of an i8 decode
 /// step in `perf` (Zen 4, 2026-12-04); in fours it is one 16-byte store per key.
@@ -611,21 +615,6 @@ fn spread_factors(scales: &[f32], rows: Range<usize>, ld_s: usize, factors: &mut
             quad.copy_from_slice(&[x; 4]);
         }
         quads.into_remainder().fill(x);
-    }
-}
-
-/// `Sᵀ ⊙= F` for the block's `len` keys: each score (K) or weight (V) times its key's scale,
-/// spread by [`spread_factors`]. (Padding rows take whatever `factors` holds there: they are
-/// never written out. Element by element, as one loop per head and key, the multiplies were
-/// 10% of an i8 decode step: short loops, each load waiting for the store before it.)
-#[inline(always)]
-fn apply_factors<S: Simd>(s: S, len: usize, ld_s: usize, factors: &[f32], st: &mut [f32]) {
-    let (st, factors) = (&mut st[..len * ld_s], &factors[..len * ld_s]);
-    for (x, f) in st
-        .chunks_exact_mut(S::LANES)
-        .zip(factors.chunks_exact(S::LANES))
-    {
-        s.store(x, s.mul(s.load(x), s.load(f)));
     }
 }
 
@@ -1130,6 +1119,10 @@ fn bias_and_masks(
 /// [`Bf16Dot::interleave`] would write from Sᵀ's rows, with no second pass over Sᵀ. (The f32
 /// weights stay in Sᵀ for the value rows set aside as non-finite.) The sums run in key order
 /// either way.
+///
+/// With `factors` (laid out like Sᵀ: [`spread_factors`]) each weight is stored times its
+/// factor, while `l` sums the weights themselves: 8-bit values in place with a scale per key,
+/// `Σ_j (p_j·s_j)·v_j`, in the same pass.
 #[inline(always)]
 fn softmax_update<S: Simd>(
     s: S,
@@ -1138,6 +1131,7 @@ fn softmax_update<S: Simd>(
     known_max: bool,
     tile: &mut TileBuffers,
     mut pairs: Option<(Bf16Dot, &mut [f32])>,
+    factors: Option<&[f32]>,
 ) {
     let c = block.len();
     for r0 in (0..t.ld_s).step_by(S::LANES) {
@@ -1154,13 +1148,23 @@ fn softmax_update<S: Simd>(
         let alpha = exp2(s, s.sub(m_old, m_new));
         let mut sum = s.splat(0.0);
         let st = &mut tile.st[r0..];
-        match &mut pairs {
-            None => {
+        match (&mut pairs, factors) {
+            (None, None) => {
                 for jj in 0..c {
                     sum = s.add(sum, weights(s, &mut st[jj * t.ld_s..], m_new));
                 }
             }
-            Some((bf, p)) => {
+            (None, Some(f)) => {
+                let f = &f[r0..];
+                for jj in 0..c {
+                    let x = &mut st[jj * t.ld_s..][..S::LANES];
+                    let p = exp2(s, s.sub(s.load(x), m_new));
+                    s.store(x, s.mul(p, s.load(&f[jj * t.ld_s..])));
+                    sum = s.add(sum, p);
+                }
+            }
+            (Some((bf, p)), _) => {
+                debug_assert!(factors.is_none(), "bf16 products of 8-bit values");
                 for jp in 0..c.div_ceil(2) {
                     let a = weights(s, &mut st[2 * jp * t.ld_s..], m_new);
                     sum = s.add(sum, a);
@@ -1207,7 +1211,15 @@ impl Kernel for PairedSoftmax<'_> {
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
         let pairs = Some((self.bf, self.p));
-        softmax_update(s, self.t, self.block, self.known_max, self.tile, pairs);
+        softmax_update(
+            s,
+            self.t,
+            self.block,
+            self.known_max,
+            self.tile,
+            pairs,
+            None,
+        );
     }
 }
 
@@ -1647,7 +1659,7 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
     next: Option<RowStream>,
-    paired: Option<(Bf16Dot, &[f32])>,
+    (paired, factors): (Option<(Bf16Dot, &[f32])>, Option<&[f32]>),
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -1682,10 +1694,10 @@ fn scores_by_channels<S: Simd, E: Lanes>(
                 // see [`height`].)
                 $(
                     $rows if const { $rows <= S::LANES / 2 && dot_keys::<S>($rows) == 4 } => {
-                        dots::<S, 4, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
+                        dots::<S, 4, $rows, E>(s, keys, range, q, t.d_k, (st, t.ld_s), next, factors)
                     }
                     $rows if const { $rows <= S::LANES / 2 } => {
-                        dots::<S, 2, $rows, E>(s, keys, range, q, t.d_k, st, t.ld_s, next)
+                        dots::<S, 2, $rows, E>(s, keys, range, q, t.d_k, (st, t.ld_s), next, factors)
                     }
                 )*
                 n => unreachable!("{n} rows by channels"),
@@ -1713,7 +1725,7 @@ const fn dot_keys<S: Simd>(rows: usize) -> usize {
 }
 
 /// [`scores_by_channels`] for `ROWS` rows, `KEYS` keys per tile (then one at a time): row `r`
-/// of key `jj` goes to `st[jj · ld_s + r]`.
+/// of key `jj` goes to `st[jj · ld_s + r]`, times `factors[jj]` if given.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
@@ -1722,10 +1734,12 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     (plo, phi): (usize, usize),
     q: &[f32],
     d: usize,
-    st: &mut [f32],
-    ld_s: usize,
+    (st, ld_s): (&mut [f32], usize),
     next: Option<RowStream>,
+    factors: Option<&[f32]>,
 ) -> u64 {
+    // (Only 8-bit keys have factors: for the other types the tiles are compiled without.)
+    let factors = factors.filter(|_| E::of_i8(&[]).is_some());
     let mut count = 0;
     let mut jj = plo;
     while jj + KEYS <= phi {
@@ -1736,7 +1750,8 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         for (t, row) in k.iter_mut().enumerate() {
             *row = keys.row(jj + t, d);
         }
-        dot_tile::<S, KEYS, ROWS, E>(s, k, q, d, &mut st[jj * ld_s..], ld_s);
+        let f = factors.map(|f| core::array::from_fn(|t| f[jj + t]));
+        dot_tile::<S, KEYS, ROWS, E>(s, k, q, d, (&mut st[jj * ld_s..], ld_s), f);
         jj += KEYS;
         count += 1;
     }
@@ -1744,7 +1759,8 @@ fn dots<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
         if let Some(k) = &next {
             k.request(jj, 1);
         }
-        dot_tile::<S, 1, ROWS, E>(s, [keys.row(jj, d)], q, d, &mut st[jj * ld_s..], ld_s);
+        let (k, f) = ([keys.row(jj, d)], factors.map(|f| [f[jj]]));
+        dot_tile::<S, 1, ROWS, E>(s, k, q, d, (&mut st[jj * ld_s..], ld_s), f);
         jj += 1;
         count += 1;
     }

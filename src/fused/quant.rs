@@ -100,7 +100,22 @@ impl QuantKv<'_> {
     #[inline(always)]
     fn row_scales(&self, scales: &Broadcast<'_, f32>, at: KeyRange, out: &mut [f32]) {
         let [s0, s1, s2, _] = scales.strides;
-        for (j, x) in out[..at.len].iter_mut().enumerate() {
+        let out = &mut out[..at.len];
+        if at.len > 0 && s1 > 0 && !matches!(self.kv.map, RowMap::Paged { .. }) {
+            // Dense and packed keys are consecutive along dim 1: the scales lie `s1` apart
+            // from the first key's. (Key by key through `position`, a match and an index
+            // computation per key, kv head and block, for K and for V, these reads were most
+            // of what per-token scales cost over folded ones in decode: Zen 4, 2026-12-06.)
+            let (b, s) = self.kv.position(at, 0);
+            let first = b * s0 + s * s1 + at.kv_head * s2;
+            let along = scales.data[first..].iter().step_by(s1);
+            debug_assert!(along.len() >= out.len(), "scales past their view");
+            for (x, &v) in out.iter_mut().zip(along) {
+                *x = v;
+            }
+            return;
+        }
+        for (j, x) in out.iter_mut().enumerate() {
             // Inside the scales: they broadcast against K/V's dims (validated), and the key's
             // storage position and the kv head are inside those dims.
             let (b, s) = self.kv.position(at, j);
