@@ -583,7 +583,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                     } else {
                         None
                     };
-                    scores_by_channels(s, t, block, k, range, tile, next, (paired, factors))
+                    scores_by_channels(s, t, block, k, range, tile, next, paired, factors)
                 }
                 None => {
                     debug_assert!(
@@ -591,7 +591,7 @@ fn head_scores<S: Simd, E: Lanes, KV: KvSource>(
                         "folded key scales on dequantized rows"
                     );
                     let k = cx.kv.keys(s, at(g), k_buf);
-                    scores_by_channels(s, t, block, k, range, tile, next, (None, None))
+                    scores_by_channels(s, t, block, k, range, tile, next, None, None)
                 }
             };
         }
@@ -1648,7 +1648,9 @@ fn score_keys<S: Simd>(
 /// The dot products of the stacked `rows` (those of one kv head, at most `LANES / 2`; Q packed
 /// as rows) with the block's `keys` in `of_block` (relative to the block), over those some of
 /// the rows sees, with [`dot_tile`] into Sᵀ, or with [`Bf16Dot::dots`] for bf16 keys when
-/// `paired` gives the instruction and Q's pair rows. Returns the number of tiles computed.
+/// `paired` gives the instruction and Q's pair rows; `factors`: each key's score times its factor
+/// (8-bit keys with per-key scales, indexed by key in the block). Returns the number of tiles
+/// computed.
 #[allow(clippy::too_many_arguments)] // one stage's operands
 #[inline(always)]
 fn scores_by_channels<S: Simd, E: Lanes>(
@@ -1659,7 +1661,8 @@ fn scores_by_channels<S: Simd, E: Lanes>(
     (of_block, rows): (Range<usize>, Range<usize>),
     tile: &mut TileBuffers,
     next: Option<RowStream>,
-    (paired, factors): (Option<(Bf16Dot, &[f32])>, Option<&[f32]>),
+    paired: Option<(Bf16Dot, &[f32])>,
+    factors: Option<&[f32]>,
 ) -> u64 {
     let Some((lo, hi)) = union_range(
         &tile.lo[rows.clone()],
@@ -1694,10 +1697,12 @@ fn scores_by_channels<S: Simd, E: Lanes>(
                 // see [`height`].)
                 $(
                     $rows if const { $rows <= S::LANES / 2 && dot_keys::<S>($rows) == 4 } => {
-                        dots::<S, 4, $rows, E>(s, keys, range, q, t.d_k, (st, t.ld_s), next, factors)
+                        let out = (st, t.ld_s);
+                        dots::<S, 4, $rows, E>(s, keys, range, q, t.d_k, out, next, factors)
                     }
                     $rows if const { $rows <= S::LANES / 2 } => {
-                        dots::<S, 2, $rows, E>(s, keys, range, q, t.d_k, (st, t.ld_s), next, factors)
+                        let out = (st, t.ld_s);
+                        dots::<S, 2, $rows, E>(s, keys, range, q, t.d_k, out, next, factors)
                     }
                 )*
                 n => unreachable!("{n} rows by channels"),
