@@ -186,7 +186,7 @@ pub(crate) fn output_tile<S: Simd, const ROWS: usize, const VECS: usize, E: Lane
 /// loaded (and converted) once for all rows and each Q vector once for all keys; the lane sums
 /// at the end ([`Simd::reduce_add16`] for more than four scores), and the channels past the
 /// last whole vector in scalar. `factors`: each key's score times its factor (8-bit keys with
-/// a scale per key), one rounding after the whole sum, as the sums are stored.
+/// a scale per key), one rounding after the whole sum, in a last pass over the stored tile.
 #[inline(always)]
 pub(crate) fn dot_tile<S: Simd, const KEYS: usize, const ROWS: usize, E: Lanes>(
     s: S,

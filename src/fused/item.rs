@@ -1151,26 +1151,24 @@ fn softmax_update<S: Simd>(
         match (&mut pairs, factors) {
             (None, None) => {
                 for jj in 0..c {
-                    sum = s.add(sum, weights(s, &mut st[jj * t.ld_s..], m_new));
+                    sum = s.add(sum, weights(s, &mut st[jj * t.ld_s..], m_new, None));
                 }
             }
             (None, Some(f)) => {
                 let f = &f[r0..];
                 for jj in 0..c {
-                    let x = &mut st[jj * t.ld_s..][..S::LANES];
-                    let p = exp2(s, s.sub(s.load(x), m_new));
-                    s.store(x, s.mul(p, s.load(&f[jj * t.ld_s..])));
-                    sum = s.add(sum, p);
+                    let (x, fj) = (&mut st[jj * t.ld_s..], &f[jj * t.ld_s..]);
+                    sum = s.add(sum, weights(s, x, m_new, Some(fj)));
                 }
             }
             (Some((bf, p)), _) => {
                 debug_assert!(factors.is_none(), "bf16 products of 8-bit values");
                 for jp in 0..c.div_ceil(2) {
-                    let a = weights(s, &mut st[2 * jp * t.ld_s..], m_new);
+                    let a = weights(s, &mut st[2 * jp * t.ld_s..], m_new, None);
                     sum = s.add(sum, a);
                     let mut b = s.splat(0.0);
                     if 2 * jp + 1 < c {
-                        b = weights(s, &mut st[(2 * jp + 1) * t.ld_s..], m_new);
+                        b = weights(s, &mut st[(2 * jp + 1) * t.ld_s..], m_new, None);
                         sum = s.add(sum, b);
                     }
                     s.pair_bf16(*bf, a, b, &mut p[jp * t.ld_s + r0..]);
@@ -1184,14 +1182,18 @@ fn softmax_update<S: Simd>(
     }
 }
 
-/// One key's weights `2^(x − m')` of a lane group of rows, written over its scores `x` (the
-/// first `LANES` values of `st`). (A function, not a closure: a closure is compiled without
-/// the entry point's target features, and its vector operations become calls.)
+/// One key's weights `p = 2^(x − m')` of a lane group of rows, written over its scores `x`
+/// (the first `LANES` values of `st`), times `factor` (its first `LANES`) if given; returns `p` unscaled, the
+/// term of the row sums. (A function, not a closure: a closure is compiled without the entry
+/// point's target features, and its vector operations become calls.)
 #[inline(always)]
-fn weights<S: Simd>(s: S, st: &mut [f32], m_new: S::V) -> S::V {
+fn weights<S: Simd>(s: S, st: &mut [f32], m_new: S::V, factor: Option<&[f32]>) -> S::V {
     let x = &mut st[..S::LANES];
     let p = exp2(s, s.sub(s.load(x), m_new));
-    s.store(x, p);
+    match factor {
+        Some(f) => s.store(x, s.mul(p, s.load(f))),
+        None => s.store(x, p),
+    }
     p
 }
 

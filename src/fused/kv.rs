@@ -226,7 +226,7 @@ pub enum RowMap<'a> {
     },
 }
 
-impl RowMap<'_> {
+impl<'a> RowMap<'a> {
     /// The storage position of key `j` of sequence `b` (validated: inside the tensors).
     #[inline(always)]
     fn locate(&self, b: usize, j: usize) -> (usize, usize) {
@@ -241,6 +241,63 @@ impl RowMap<'_> {
                 table[b * pages_per_seq + j / page_size] as usize,
                 j % page_size,
             ),
+        }
+    }
+
+    /// The offset of key `at.j0 + j` of (batch, kv head) in memory laid out with `strides`
+    /// along K/V's dims (a tensor's, or a broadcast's against it).
+    #[inline(always)]
+    pub(super) fn offset(&self, strides: [usize; 4], at: KeyRange, j: usize) -> usize {
+        let (b, s) = self.locate(at.batch, at.j0 + j);
+        b * strides[0] + s * strides[1] + at.kv_head * strides[2]
+    }
+
+    /// The rows of the keys of `at` in `data`, laid out with `strides` along K/V's dims (a
+    /// tensor's or a broadcast against it: row `j` starts at key `at.j0 + j`'s offset, the
+    /// channels from there on). `at` is non-empty and inside the validated view.
+    #[inline(always)]
+    pub(super) fn rows<'s, E>(
+        &self,
+        data: &'s [E],
+        strides: [usize; 4],
+        at: KeyRange,
+    ) -> Rows<'s, E>
+    where
+        'a: 's,
+    {
+        let [s0, s1, s2, _] = strides;
+        match *self {
+            RowMap::Dense | RowMap::Packed(_) => {
+                Rows::strided(&data[self.offset(strides, at, 0)..], s1)
+            }
+            RowMap::Paged { .. } => Rows {
+                data,
+                ld: s1,
+                pages: self.pages(at, s0, s2),
+            },
+        }
+    }
+
+    /// Where the keys of `at` lie in a paged cache whose pages are `page_stride` elements
+    /// apart and whose kv heads `head_stride` apart (`None` unless paged).
+    #[inline(always)]
+    fn pages(&self, at: KeyRange, page_stride: usize, head_stride: usize) -> Option<Pages<'a>> {
+        match *self {
+            RowMap::Paged {
+                table,
+                pages_per_seq,
+                page_size,
+            } => Some(Pages {
+                table: &table[at.batch * pages_per_seq..][..pages_per_seq],
+                first: at.j0,
+                page_size,
+                shift: page_size
+                    .is_power_of_two()
+                    .then(|| page_size.trailing_zeros()),
+                page_stride,
+                head: at.kv_head * head_stride,
+            }),
+            _ => None,
         }
     }
 }
@@ -261,15 +318,7 @@ impl<T: KvElement> TensorKv<'_, T> {
     /// sequence's length, whose pages the call validated, of a non-empty view).
     #[inline(always)]
     pub(super) fn row_offset(&self, t: &Tensor<'_, T>, at: KeyRange, j: usize) -> usize {
-        let [sb, ss, sh, _] = t.strides();
-        let (b, s) = self.position(at, j);
-        b * sb + s * ss + at.kv_head * sh
-    }
-
-    /// The (dim 0, dim 1) storage position of key `at.j0 + j` (see [`RowMap`]).
-    #[inline(always)]
-    pub(super) fn position(&self, at: KeyRange, j: usize) -> (usize, usize) {
-        self.map.locate(at.batch, at.j0 + j)
+        self.map.offset(t.strides(), at, j)
     }
 }
 
@@ -329,23 +378,10 @@ impl<T: KvElement> TensorKv<'_, T> {
             RowMap::Dense | RowMap::Packed(_) => {
                 Rows::strided(&data[self.row_offset(t, at, 0)..], s1)
             }
-            RowMap::Paged {
-                table,
-                pages_per_seq,
-                page_size,
-            } => Rows {
+            RowMap::Paged { .. } => Rows {
                 data,
                 ld: s1,
-                pages: Some(Pages {
-                    table: &table[at.batch * pages_per_seq..][..pages_per_seq],
-                    first: at.j0,
-                    page_size,
-                    shift: page_size
-                        .is_power_of_two()
-                        .then(|| page_size.trailing_zeros()),
-                    page_stride: s0,
-                    head: at.kv_head * s2,
-                }),
+                pages: self.map.pages(at, s0, s2),
             },
         })
     }

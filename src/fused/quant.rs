@@ -99,27 +99,22 @@ impl QuantKv<'_> {
     /// The scale of each row of `at` (channel 0's), to `out[..at.len]` (`Scaling::Rows`).
     #[inline(always)]
     fn row_scales(&self, scales: &Broadcast<'_, f32>, at: KeyRange, out: &mut [f32]) {
-        let [s0, s1, s2, _] = scales.strides;
-        let out = &mut out[..at.len];
-        if at.len > 0 && s1 > 0 && !matches!(self.kv.map, RowMap::Paged { .. }) {
-            // Dense and packed keys are consecutive along dim 1: the scales lie `s1` apart
-            // from the first key's. (Key by key through `position`, a match and an index
-            // computation per key, kv head and block, for K and for V, these reads were most
-            // of what per-token scales cost over folded ones in decode: Zen 4, 2026-12-06.)
-            let (b, s) = self.kv.position(at, 0);
-            let first = b * s0 + s * s1 + at.kv_head * s2;
-            let along = scales.data[first..].iter().step_by(s1);
-            debug_assert!(along.len() >= out.len(), "scales past their view");
-            for (x, &v) in out.iter_mut().zip(along) {
-                *x = v;
-            }
+        if at.len == 0 {
             return;
         }
-        for (j, x) in out.iter_mut().enumerate() {
-            // Inside the scales: they broadcast against K/V's dims (validated), and the key's
-            // storage position and the kv head are inside those dims.
-            let (b, s) = self.kv.position(at, j);
-            *x = scales.data[b * s0 + s * s1 + at.kv_head * s2];
+        // Read along the runs of adjacent keys (one for dense and packed caches, one per page
+        // for paged ones), the scales `ld` apart. (Key by key through the position map, a match
+        // and an index computation per key, kv head and block, for K and for V, these reads
+        // were most of what per-token scales cost over folded ones in decode: Zen 4,
+        // 2026-12-06.)
+        let rows = self.kv.map.rows(scales.data, scales.strides, at);
+        let mut j = 0;
+        while j < at.len {
+            let (run, n) = rows.run(j, at.len - j);
+            for (i, x) in out[j..j + n].iter_mut().enumerate() {
+                *x = run[i * rows.ld];
+            }
+            j += n;
         }
     }
 
@@ -139,13 +134,12 @@ impl QuantKv<'_> {
             return; // the view may be empty, with any strides: nothing to read
         }
         let (data, sd) = (t.data(), t.strides()[3]);
-        let [s0, s1, s2, s3] = scales.strides;
+        let s3 = scales.strides[3];
         for j in 0..at.len {
             // Both offsets are inside their views: the key's storage position and the kv head
             // are inside K/V's dims, and the scales broadcast against those dims (validated).
             let base = self.kv.row_offset(t, at, j);
-            let (b, s) = self.kv.position(at, j);
-            let scale_base = b * s0 + s * s1 + at.kv_head * s2;
+            let scale_base = self.kv.map.offset(scales.strides, at, j);
             let row = &mut buf[j * ld..j * ld + width];
             match (sd, s3) {
                 (1, 0) => {
