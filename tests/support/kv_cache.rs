@@ -42,6 +42,7 @@ use super::bytes::{pick, uint, urange, Writer};
 use super::contract::{check_against_reference, Outputs, RowAt, RowFacts};
 use super::differential::{side_pool, untouched_outside_view};
 use super::layout::{indices, Buffer, Layout, POISON, SENTINEL};
+use super::opts::{scale_refs, with_scales};
 use super::typed::quantize_as;
 use super::values::{Dist, Fill};
 use arbitrary::{Arbitrary, Result, Unstructured};
@@ -1495,14 +1496,6 @@ pub fn check(case: &KvCacheCase) -> KvStats {
     }
 }
 
-/// `options` with the scales of 8-bit K/V, if any.
-fn with_scales<'a>(options: Options<'a>, scales: Option<(&'a Buffer, &'a Buffer)>) -> Options<'a> {
-    match scales {
-        Some((k, v)) => options.kv_scales(k.view(), v.view()),
-        None => options,
-    }
-}
-
 /// A BSHD buffer of `[n0, n1]` rows of `src`'s heads and channels: at `[i, j]` the row
 /// `[x, y]` (`src`'s first two indices) that `rows(i, j)` names, `unread` where it names none.
 fn gather_rows<T: Copy>(
@@ -1519,6 +1512,15 @@ fn gather_rows<T: Copy>(
         }
     }
     buf
+}
+
+/// [`gather_scales`] of K's and V's scales, if any.
+fn gather_scale_pair(
+    scales: Option<(&Buffer, &Buffer)>,
+    n: [usize; 2],
+    rows: impl Fn(usize, usize) -> Option<[usize; 2]> + Copy,
+) -> Option<(Buffer, Buffer)> {
+    scales.map(|(ks, vs)| (gather_scales(ks, n, rows), gather_scales(vs, n, rows)))
 }
 
 /// [`gather_rows`] of scales: those that vary along rows (per token) gathered (1 where no row
@@ -1606,14 +1608,8 @@ fn check_paged<KV: Slot>(
     };
     let gather = |pool: &Buffer<KV>| gather_rows(pool, [batch, cap], KV::UNREAD, slot);
     let (k, v) = (gather(&data.k_pool), gather(&data.v_pool));
-    let dense_scales = pool_scales.map(|(ks, vs)| {
-        let gather = |s: &Buffer| gather_scales(s, [batch, cap], slot);
-        (gather(ks), gather(vs))
-    });
-    let opts = with_scales(
-        plan.options(&case.opts, true),
-        dense_scales.as_ref().map(|(ks, vs)| (ks, vs)),
-    );
+    let dense_scales = gather_scale_pair(pool_scales, [batch, cap], slot);
+    let opts = with_scales(plan.options(&case.opts, true), scale_refs(&dense_scales));
     let mut dense = Buffer::new(plan.out_paged, &case.out_layout, true, SENTINEL);
     let mut dense_lse = sentinel(batch * heads * n_q);
     sdpa::attention_lse(
@@ -1679,17 +1675,23 @@ fn check_varlen<KV: Slot>(
     stats: &mut KvStats,
 ) {
     let packed = matches!(kv, VarlenKv::Packed(_));
-    let what = if packed {
-        "attention_varlen (K/V packed)"
-    } else {
-        "attention_varlen (K/V paged)"
+    // What the call reads: the packed K/V or the pools, with their scales.
+    let (what, k_src, v_src, scales) = match packed {
+        true => (
+            "attention_varlen (K/V packed)",
+            &data.k_packed,
+            &data.v_packed,
+            data.scales.as_ref().map(|s| (&s.k_packed, &s.v_packed)),
+        ),
+        false => (
+            "attention_varlen (K/V paged)",
+            &data.k_pool,
+            &data.v_pool,
+            data.scales.as_ref().map(|s| (&s.k_pool, &s.v_pool)),
+        ),
     };
-    let errors = varlen_errors(plan, case, packed);
     // Packed K/V carry their lengths in the offsets; key lengths on top of them too when given.
-    let scales = data.scales.as_ref().map(|s| match packed {
-        true => (&s.k_packed, &s.v_packed),
-        false => (&s.k_pool, &s.v_pool),
-    });
+    let errors = varlen_errors(plan, case, packed);
     let opts = with_scales(plan.options(&case.opts, true), scales);
     let q = data.q_varlen.view();
     let mut out = Buffer::new(plan.out_varlen, &case.out_layout, true, SENTINEL);
@@ -1761,24 +1763,13 @@ fn check_varlen<KV: Slot>(
             }
         };
         let n_kv = keys.len();
-        let (k_src, v_src) = if packed {
-            (&data.k_packed, &data.v_packed)
-        } else {
-            (&data.k_pool, &data.v_pool)
-        };
         let row = |_: usize, j: usize| Some(keys[j]);
         let (k, v) = (
             gather_rows(k_src, [1, n_kv], KV::UNREAD, row),
             gather_rows(v_src, [1, n_kv], KV::UNREAD, row),
         );
-        let alone_scales = scales.map(|(ks, vs)| {
-            let gather = |s: &Buffer| gather_scales(s, [1, n_kv], row);
-            (gather(ks), gather(vs))
-        });
-        let alone = with_scales(
-            plan.options(&case.opts, false),
-            alone_scales.as_ref().map(|(ks, vs)| (ks, vs)),
-        );
+        let alone_scales = gather_scale_pair(scales, [1, n_kv], row);
+        let alone = with_scales(plan.options(&case.opts, false), scale_refs(&alone_scales));
         let mut qs = Buffer::new([1, n_q, heads, d_q], &Layout::BSHD, false, POISON);
         for [_, i, h, c] in indices(qs.dims).collect::<Vec<_>>() {
             qs.set([0, i, h, c], data.q_varlen.at([0, first + i, h, c]));

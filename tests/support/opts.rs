@@ -1193,3 +1193,19 @@ impl OptData {
         }
     }
 }
+
+/// `options` with K's and V's scales (8-bit K/V), if any.
+pub fn with_scales<'a>(
+    options: Options<'a>,
+    scales: Option<(&'a Buffer, &'a Buffer)>,
+) -> Options<'a> {
+    match scales {
+        Some((k, v)) => options.kv_scales(k.view(), v.view()),
+        None => options,
+    }
+}
+
+/// Borrows an owned pair of K's and V's scales, for [`with_scales`].
+pub fn scale_refs(scales: &Option<(Buffer, Buffer)>) -> Option<(&Buffer, &Buffer)> {
+    scales.as_ref().map(|(k, v)| (k, v))
+}

@@ -8,6 +8,7 @@
 use super::bytes::{uint, Writer};
 use super::contract::{check_against_reference, Outputs, RowFacts, Tally};
 use super::layout::{Buffer, Layout};
+use super::opts::with_scales;
 use super::values::SplitMix;
 use arbitrary::{Result, Unstructured};
 use sdpa::half::{bf16, f16};
@@ -216,10 +217,7 @@ fn by_out<Q: Element, KV: KvElement>(
     v: &Buffer<KV>,
     scales: Option<(&Buffer, &Buffer)>,
 ) -> Tally {
-    let opts = match scales {
-        Some((ks, vs)) => c.opts.clone().kv_scales(ks.view(), vs.view()),
-        None => c.opts.clone(),
-    };
+    let opts = with_scales(c.opts.clone(), scales);
     match t.out {
         Elem::F16 => run::<Q, KV, f16>(c, q, k, v, &opts),
         Elem::Bf16 => run::<Q, KV, bf16>(c, q, k, v, &opts),
