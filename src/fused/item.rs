@@ -1183,9 +1183,10 @@ fn softmax_update<S: Simd>(
 }
 
 /// One key's weights `p = 2^(x − m')` of a lane group of rows, written over its scores `x`
-/// (the first `LANES` values of `st`), times `factor` (its first `LANES`) if given; returns `p` unscaled, the
-/// term of the row sums. (A function, not a closure: a closure is compiled without the entry
-/// point's target features, and its vector operations become calls.)
+/// (the first `LANES` values of `st`), times `factor` (its first `LANES`) if given; returns
+/// `p` unscaled, the term of the row sums. (A function, not a closure: a closure is compiled
+/// without the entry point's target features, and its vector operations become calls. The
+/// factor is loaded after the exponential: loaded before it, i8 decode ran 3% slower.)
 #[inline(always)]
 fn weights<S: Simd>(s: S, st: &mut [f32], m_new: S::V, factor: Option<&[f32]>) -> S::V {
     let x = &mut st[..S::LANES];
