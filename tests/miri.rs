@@ -41,47 +41,58 @@ const fn shape(
     }
 }
 
-/// `(k, n)` from `SDPA_MIRI_SHARD=k/n`; `(0, 1)` (everything) when it is unset. A malformed
-/// value fails the test rather than silently running a different subset.
-fn shard() -> (usize, usize) {
-    let Ok(spec) = std::env::var("SDPA_MIRI_SHARD") else {
-        return (0, 1);
-    };
-    let parsed = spec
-        .split_once('/')
-        .and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
-    match parsed {
-        Some((k, n)) if k < n => (k, n),
-        _ => panic!("SDPA_MIRI_SHARD={spec:?}: expected k/n with k < n"),
-    }
+/// This process's share of each test's cases: those whose index is `k` modulo `n`, from
+/// `SDPA_MIRI_SHARD=k/n`; every case when it is unset.
+struct Shard {
+    k: usize,
+    n: usize,
 }
 
-/// Whether the process of `shard` (from [`shard`], read once per test) runs the case at
-/// `index` of its test's list.
-fn in_shard((k, n): (usize, usize), index: usize) -> bool {
-    index % n == k
+impl Shard {
+    /// Reads `SDPA_MIRI_SHARD` (once per test). A malformed value fails the test rather than
+    /// silently running a different subset.
+    fn from_env() -> Shard {
+        let Ok(spec) = std::env::var("SDPA_MIRI_SHARD") else {
+            return Shard { k: 0, n: 1 };
+        };
+        let parsed = spec
+            .split_once('/')
+            .and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
+        match parsed {
+            Some((k, n)) if k < n => Shard { k, n },
+            _ => panic!("SDPA_MIRI_SHARD={spec:?}: expected k/n with k < n"),
+        }
+    }
+
+    /// Runs `check` on this shard's part of `cases` (indexed in the order given) and returns
+    /// how many cases there were in all.
+    fn run<T>(&self, cases: impl IntoIterator<Item = T>, mut check: impl FnMut(T)) -> usize {
+        let mut count = 0;
+        for case in cases {
+            if count % self.n == self.k {
+                check(case);
+            }
+            count += 1;
+        }
+        count
+    }
 }
 
 #[test]
 fn tiny_differential_seeds() {
-    let shard = shard();
-    let mut small = 0;
-    for (name, case) in seeds::differential() {
-        if case.shape.fit().work() <= MIRI_WORK {
-            if in_shard(shard, small) {
-                eprintln!("seed {name}");
-                check(&case);
-            }
-            small += 1;
-        }
-    }
+    let small = seeds::differential()
+        .into_iter()
+        .filter(|(_, case)| case.shape.fit().work() <= MIRI_WORK);
+    let small = Shard::from_env().run(small, |(name, case)| {
+        eprintln!("seed {name}");
+        check(&case);
+    });
     assert!(small >= 20, "only {small} seeds are small enough");
 }
 
 #[test]
 fn tile_edges_layouts_and_causal() {
     use CausalKind::{BottomRight, TopLeft};
-    let shard = shard();
     let padded = Layout::padded([0, 2, 1, 3], [1, 0, 2, 1], 2);
     let cases = [
         // 7 keys: one 6-key tile and a 1-key tail; 9 rows: a full 8-lane vector and a tail.
@@ -116,13 +127,10 @@ fn tile_edges_layouts_and_causal() {
             ..DiffCase::plain(shape(1, 1, 2, 3, 5, 4), OptSpec::causal(BottomRight), 8)
         },
     ];
-    for (i, case) in cases.iter().enumerate() {
-        if !in_shard(shard, i) {
-            continue;
-        }
+    Shard::from_env().run(&cases, |case| {
         let stats = check(case);
         assert_eq!(stats.typed, usize::from(case.types != Types::F32));
-    }
+    });
 }
 
 /// The API seeds of ordinary sizes: validation errors and small valid calls. (Those with
@@ -130,16 +138,12 @@ fn tile_edges_layouts_and_causal() {
 /// minutes over; they only exercise safe validation code, and run on stable.)
 #[test]
 fn api_seeds() {
-    let shard = shard();
-    let mut small = 0;
-    for (name, case) in seeds::api() {
-        if case.sizes.iter().all(|&n| n <= 64) {
-            if in_shard(shard, small) {
-                eprintln!("seed {name}");
-                api::check(&case);
-            }
-            small += 1;
-        }
-    }
+    let small = seeds::api()
+        .into_iter()
+        .filter(|(_, case)| case.sizes.iter().all(|&n| n <= 64));
+    let small = Shard::from_env().run(small, |(name, case)| {
+        eprintln!("seed {name}");
+        api::check(&case);
+    });
     assert!(small >= 20, "only {small} seeds are small enough");
 }
