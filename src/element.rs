@@ -11,73 +11,71 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 mod sealed {
-    use super::{Typed, TypedKv};
-    use crate::fused::TensorKv;
-    use crate::tensor::{Tensor, TensorMut};
-    use half::{bf16, f16};
+    use super::{KvPair, Slice, SliceMut};
 
-    /// Names the concrete type behind a generic one, so that the public generic functions
-    /// hand their operands to one non-generic kernel entry point ([`crate::fused::run`]):
-    /// the kernel is compiled once, in this crate, not again in every crate that calls it.
-    pub trait Sealed: Sized {
-        fn tensor<'a>(
-            t: Tensor<'a, Self>,
-        ) -> Typed<Tensor<'a, f32>, Tensor<'a, f16>, Tensor<'a, bf16>>;
-        fn tensor_mut<'b, 'a>(
-            t: &'b mut TensorMut<'a, Self>,
-        ) -> Typed<
-            &'b mut TensorMut<'a, f32>,
-            &'b mut TensorMut<'a, f16>,
-            &'b mut TensorMut<'a, bf16>,
-        >;
+    /// Names the concrete type behind a generic K/V type: the public generic functions hand
+    /// their operands to one non-generic kernel entry point, so the kernel is compiled once,
+    /// in this crate, not again in every crate that calls it.
+    pub trait SealedKv: Sized {
+        /// K's and V's elements, named by their type.
+        fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a>;
     }
 
-    /// The same for K/V, whose types include `i8`.
-    pub trait SealedKv: Sized {
-        fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a>;
+    /// The same for the types of Q and the output.
+    pub trait Sealed: Sized {
+        /// The elements, named by their type.
+        fn slice(x: &[Self]) -> Slice<'_>;
+        /// The elements, named by their type, writable.
+        fn slice_mut(x: &mut [Self]) -> SliceMut<'_>;
     }
 
     impl SealedKv for i8 {
-        fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a> {
-            TypedKv::I8(kv)
+        fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
+            KvPair::I8(k, v)
         }
     }
 
     macro_rules! sealed {
         ($($t:ty => $variant:ident),*) => {$(
             impl Sealed for $t {
-                fn tensor<'a>(t: Tensor<'a, Self>) -> Typed<Tensor<'a, f32>, Tensor<'a, f16>, Tensor<'a, bf16>> {
-                    Typed::$variant(t)
+                fn slice(x: &[Self]) -> Slice<'_> {
+                    Slice::$variant(x)
                 }
-                fn tensor_mut<'b, 'a>(
-                    t: &'b mut TensorMut<'a, Self>,
-                ) -> Typed<&'b mut TensorMut<'a, f32>, &'b mut TensorMut<'a, f16>, &'b mut TensorMut<'a, bf16>> {
-                    Typed::$variant(t)
+                fn slice_mut(x: &mut [Self]) -> SliceMut<'_> {
+                    SliceMut::$variant(x)
                 }
             }
             impl SealedKv for $t {
-                fn kv<'a>(kv: TensorKv<'a, Self>) -> TypedKv<'a> {
-                    TypedKv::$variant(kv)
+                fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
+                    KvPair::$variant(k, v)
                 }
             }
         )*};
     }
-    sealed!(f32 => F32, f16 => F16, bf16 => Bf16);
+    sealed!(f32 => F32, half::f16 => F16, half::bf16 => Bf16);
 }
 
-/// One value of a generic element type, named by its concrete type.
-pub enum Typed<F32, F16, Bf16> {
-    F32(F32),
-    F16(F16),
-    Bf16(Bf16),
+/// Elements of a generic [`Element`] type, named by their concrete type.
+pub enum Slice<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
 }
 
-/// K and V of a generic K/V type, named by their concrete type.
-pub enum TypedKv<'a> {
-    F32(crate::fused::TensorKv<'a, f32>),
-    F16(crate::fused::TensorKv<'a, f16>),
-    Bf16(crate::fused::TensorKv<'a, bf16>),
-    I8(crate::fused::TensorKv<'a, i8>),
+/// [`Slice`], writable.
+pub enum SliceMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+    Bf16(&'a mut [bf16]),
+}
+
+/// K's and V's elements of a generic [`KvElement`] type (the same for both), named by their
+/// concrete type.
+pub enum KvPair<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F16(&'a [f16], &'a [f16]),
+    Bf16(&'a [bf16], &'a [bf16]),
+    I8(&'a [i8], &'a [i8]),
 }
 
 /// A type K and V may hold: the three [`Element`] types, and `i8`, 8-bit quantized values

@@ -25,8 +25,67 @@
 //!
 //! [`Options::kv_lens`]: crate::Options::kv_lens
 
+use crate::element::{KvElement, KvPair};
 use crate::error::{Error, Operand};
 use crate::tensor::Tensor;
+
+/// Where key `j` of sequence `b` lies in the K and V tensors: its `(index along dim 0, index
+/// along dim 1)`, the head and channel indices being the call's own.
+#[derive(Clone, Copy)]
+pub(crate) enum RowMap<'a> {
+    /// Dense `[B, n_kv, H_kv, d]`: `(b, j)`.
+    Dense,
+    /// Packed `[1, total_kv, H_kv, d]`: `(0, cu_seqlens_k[b] + j)`.
+    Packed(&'a [usize]),
+    /// Paged `[num_pages, page_size, H_kv, d]`: `(table[b][j / page_size], j % page_size)`.
+    Paged {
+        table: &'a [u32],
+        pages_per_seq: usize,
+        page_size: usize,
+    },
+}
+
+/// K and V as tensors of one element type (BSHD, BHSD, padded, broadcast: any strides), dense,
+/// packed or paged ([`RowMap`]). f32 rows with unit channel stride are read in place (paged
+/// ones through the block table, row by row); other rows (f16/bf16, strided channels) are
+/// converted block by block into the worker's buffers.
+pub(crate) struct TensorKv<'a, T> {
+    pub k: Tensor<'a, T>,
+    pub v: Tensor<'a, T>,
+    pub map: RowMap<'a>,
+}
+
+/// K and V of a generic [`KvElement`] type, named by their concrete type: the kernel's entry
+/// point takes K/V this way.
+pub(crate) enum AnyKv<'a> {
+    F32(TensorKv<'a, f32>),
+    F16(TensorKv<'a, half::f16>),
+    Bf16(TensorKv<'a, half::bf16>),
+    I8(TensorKv<'a, i8>),
+}
+
+impl<'a, T: KvElement> TensorKv<'a, T> {
+    /// The same K/V, their element type named.
+    pub(crate) fn erase(self) -> AnyKv<'a> {
+        let TensorKv { k, v, map } = self;
+        // (Views rebuilt over the same memory, dims and strides: valid as before.)
+        macro_rules! retyped {
+            ($variant:ident, $kd:expr, $vd:expr) => {
+                AnyKv::$variant(TensorKv {
+                    k: k.with_data($kd),
+                    v: v.with_data($vd),
+                    map,
+                })
+            };
+        }
+        match T::pair(k.data(), v.data()) {
+            KvPair::F32(kd, vd) => retyped!(F32, kd, vd),
+            KvPair::F16(kd, vd) => retyped!(F16, kd, vd),
+            KvPair::Bf16(kd, vd) => retyped!(Bf16, kd, vd),
+            KvPair::I8(kd, vd) => retyped!(I8, kd, vd),
+        }
+    }
+}
 
 /// A paged K/V cache: a pool of pages for K and one for V, each a [`Tensor`] whose logical
 /// dims are `[num_pages, page_size, H_kv, d]` (any strides: vLLM v1's
@@ -66,7 +125,7 @@ impl<'a, T> PagedKv<'a, T> {
     ) -> Result<Self, Error> {
         let [pages, page_size, kv_heads, _] = k.dims();
         let vd = v.dims();
-        for (dim, (&got, want)) in crate::Dim::ALL
+        for (dim, (&got, want)) in crate::error::Dim::ALL
             .into_iter()
             .zip(vd.iter().zip([pages, page_size, kv_heads]))
         {

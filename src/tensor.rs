@@ -4,7 +4,9 @@
 //! dim. BSHD (FlashAttention, KV caches) and BHSD (PyTorch) storage are both just strides, so no
 //! layout ever needs a copy. A stride of 0 broadcasts a dimension (read-only views only).
 
+use crate::element::{Element, Slice, SliceMut};
 use crate::error::Error;
+use half::{bf16, f16};
 
 /// The largest element index a view with these dims and strides can reach, plus one
 /// (0 for an empty view), or `LayoutOverflow`.
@@ -134,6 +136,17 @@ impl<'a, T> Tensor<'a, T> {
         self.data
     }
 
+    /// The same dims and strides over `data`: the same memory seen as another element type
+    /// of the same size (so the view stays valid), or a slice at least as long.
+    pub(crate) fn with_data<U>(&self, data: &'a [U]) -> Tensor<'a, U> {
+        debug_assert!(data.len() >= self.data.len());
+        Tensor {
+            data,
+            dims: self.dims,
+            strides: self.strides,
+        }
+    }
+
     /// The element at `[b, s, h, d]`, or `None` if an index is out of range.
     pub fn get(&self, index: [usize; 4]) -> Option<&'a T> {
         if index.iter().zip(&self.dims).any(|(i, n)| i >= n) {
@@ -229,6 +242,58 @@ impl<'a, T> TensorMut<'a, T> {
     /// The underlying slice and the layout, for the kernels' row writers.
     pub(crate) fn raw_parts(&mut self) -> (&mut [T], [usize; 4], [usize; 4]) {
         (self.data, self.dims, self.strides)
+    }
+}
+
+/// A [`Tensor`] of a generic element type, named by its concrete type: the kernel's entry
+/// point takes Q this way, so that it is compiled once for every element type, not once per
+/// type.
+#[derive(Clone, Copy)]
+pub(crate) enum AnyTensor<'a> {
+    F32(Tensor<'a, f32>),
+    F16(Tensor<'a, f16>),
+    Bf16(Tensor<'a, bf16>),
+}
+
+impl<'a, T: Element> Tensor<'a, T> {
+    /// The same view, its element type named.
+    pub(crate) fn erase(self) -> AnyTensor<'a> {
+        match T::slice(self.data) {
+            Slice::F32(data) => AnyTensor::F32(self.with_data(data)),
+            Slice::F16(data) => AnyTensor::F16(self.with_data(data)),
+            Slice::Bf16(data) => AnyTensor::Bf16(self.with_data(data)),
+        }
+    }
+}
+
+/// A [`TensorMut`] of a generic element type, named by its concrete type (the output's).
+pub(crate) enum AnyTensorMut<'a> {
+    F32(TensorMut<'a, f32>),
+    F16(TensorMut<'a, f16>),
+    Bf16(TensorMut<'a, bf16>),
+}
+
+impl<T: Element> TensorMut<'_, T> {
+    /// The same view, borrowed, its element type named.
+    pub(crate) fn erase(&mut self) -> AnyTensorMut<'_> {
+        let (dims, strides) = (self.dims, self.strides);
+        match T::slice_mut(self.data) {
+            SliceMut::F32(data) => AnyTensorMut::F32(TensorMut {
+                data,
+                dims,
+                strides,
+            }),
+            SliceMut::F16(data) => AnyTensorMut::F16(TensorMut {
+                data,
+                dims,
+                strides,
+            }),
+            SliceMut::Bf16(data) => AnyTensorMut::Bf16(TensorMut {
+                data,
+                dims,
+                strides,
+            }),
+        }
     }
 }
 

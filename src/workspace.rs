@@ -3,8 +3,8 @@
 
 use crate::element::{Element, KvElement};
 use crate::error::Error;
-use crate::fused::{self, RowMap, TensorKv};
-use crate::kv_cache::{PagedKv, VarlenKv};
+use crate::fused;
+use crate::kv_cache::{PagedKv, RowMap, TensorKv, VarlenKv};
 use crate::options::Options;
 use crate::problem::Problem;
 use crate::tensor::{Tensor, TensorMut};

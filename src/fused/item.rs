@@ -32,7 +32,7 @@ use crate::simd::dpbf16::{
     Bf16Dot, KeyRows, PairKeys, Pairable, PANEL as PAIR_PANEL, TILE as PAIR_TILE,
 };
 use crate::simd::{exp2, Kernel, Lanes, RowStream, Simd};
-use crate::tensor::Tensor;
+use crate::tensor::{AnyTensor, Tensor};
 use half::{bf16, f16};
 use std::f32::consts::LOG2_E;
 use std::ops::Range;
@@ -150,10 +150,10 @@ impl Block {
 /// `r`, `scratch.tile.l[r]` its sum of weights and `scratch.tile.m[r]` its max score, log2
 /// domain (`l = 0` for a row that saw no key).
 #[inline(always)]
-pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
+pub(crate) fn stream_item<S: Simd, KV: KvSource>(
     s: S,
     cx: &Ctx<'_, KV>,
-    q: &Tensor<'_, Q>,
+    q: &AnyTensor<'_>,
     item: &Item,
     sc: &mut Scratch,
 ) {
@@ -211,10 +211,10 @@ pub(crate) fn stream_item<S: Simd, Q: Element, KV: KvSource>(
 /// Q rows (`q·(k ⊙ s) = (q ⊙ s)·k`, one rounding per product as dequantizing has), V's into
 /// the output after the last block.
 #[inline(always)]
-fn plan_int_rows<S: Simd, Q: Element, KV: KvSource>(
+fn plan_int_rows<S: Simd, KV: KvSource>(
     s: S,
     cx: &Ctx<'_, KV>,
-    q: &Tensor<'_, Q>,
+    q: &AnyTensor<'_>,
     item: &Item,
     t: &mut Tiles,
     first: usize,
@@ -655,24 +655,99 @@ fn next_block(cx: &Ctx<'_, impl KvSource>, at: KeyRange) -> [Option<RowStream>; 
 }
 
 /// Q of the item's rows, transposed into panels of two vectors of rows (as given: the scale
-/// is applied to the scores; padding rows are zero), or, for few rows, as rows of `d_k`.
+/// is applied to the scores; padding rows are zero), or, for few rows, as rows of `d_k`. Run
+/// through its own entry point ([`PackQueries`]), compiled once per backend for every Q type
+/// and K/V source: it runs once per work item.
 #[inline(always)]
-fn pack_queries<S: Simd, Q: Element>(
+fn pack_queries<S: Simd>(
     s: S,
     cx: &Ctx<'_, impl KvSource>,
+    q: &AnyTensor<'_>,
+    item: &Item,
+    t: &Tiles,
+    qt: &mut [f32],
+) {
+    let (problem, group) = (cx.problem, cx.blocking.group);
+    let pack = PackQueries {
+        problem,
+        group,
+        item,
+        t,
+        qt,
+        q: (),
+    };
+    match *q {
+        AnyTensor::F32(q) => s.run(pack.of(q)),
+        AnyTensor::F16(q) => s.run(pack.of(q)),
+        AnyTensor::Bf16(q) => s.run(pack.of(q)),
+    }
+}
+
+/// [`pack_queries`] of one Q type, as a [`Kernel`].
+struct PackQueries<'a, Q = ()> {
+    problem: &'a Problem<'a>,
+    group: usize,
+    item: &'a Item,
+    t: &'a Tiles,
+    qt: &'a mut [f32],
+    q: Q,
+}
+
+impl<'a> PackQueries<'a> {
+    fn of<Q>(self, q: Q) -> PackQueries<'a, Q> {
+        let PackQueries {
+            problem,
+            group,
+            item,
+            t,
+            qt,
+            ..
+        } = self;
+        PackQueries {
+            problem,
+            group,
+            item,
+            t,
+            qt,
+            q,
+        }
+    }
+}
+
+impl<Q: Element + Lanes> Kernel for PackQueries<'_, Tensor<'_, Q>> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let PackQueries {
+            problem,
+            group,
+            item,
+            t,
+            qt,
+            q,
+        } = self;
+        pack_rows(s, problem, group, &q, item, t, qt);
+    }
+}
+
+/// The body of [`PackQueries`].
+#[inline(always)]
+fn pack_rows<S: Simd, Q: Element + Lanes>(
+    s: S,
+    problem: &Problem<'_>,
+    group: usize,
     q: &Tensor<'_, Q>,
     item: &Item,
     t: &Tiles,
     qt: &mut [f32],
 ) {
     let nr = 2 * S::LANES;
-    let group = cx.blocking.group;
     let [qs_b, qs_s, qs_h, qs_d] = q.strides();
     let q = q.data();
     // Where row `r` of the item starts in `q`.
     let base = |r: usize| {
         let (h, i) = item.row_origin(group, r);
-        let (b, i) = cx.problem.q_row(item.batch, i);
+        let (b, i) = problem.q_row(item.batch, i);
         b * qs_b + i * qs_s + h * qs_h
     };
     if t.by_channels {
@@ -694,13 +769,7 @@ fn pack_queries<S: Simd, Q: Element>(
     if qs_d == 1 {
         // Whole vectors of channels, transposed in registers: element by element this was
         // 14% of a short prefill (n = 128, d = 64).
-        if let Some(q) = f32::of(q) {
-            return transpose_rows(s, q, base, t, qt);
-        } else if let Some(q) = f16::of(q) {
-            return transpose_rows(s, q, base, t, qt);
-        } else if let Some(q) = bf16::of(q) {
-            return transpose_rows(s, q, base, t, qt);
-        }
+        return transpose_rows(s, q, base, t, qt);
     }
     qt[..t.rows.div_ceil(nr) * nr * t.d_k].fill(0.0);
     for r in 0..t.rows {
@@ -1245,8 +1314,59 @@ const ONES: [f32; 16] = [1.0; 16];
 /// Zen 3, n = 2048, d = 128: the output tile took 1.35× the score tile's time for the same
 /// FMAs.) Values are only moved, so the sums are the same. Decode's single row group per
 /// head reads each panel once, in place.
+///
+/// Its own entry point ([`OutputProduct`]), compiled once per backend and row type: inlined,
+/// the tiles of f32 rows (every K/V source can reach them, with rows converted or set aside)
+/// were compiled again into each K/V source's block loop.
 #[inline(always)]
 fn output_product<S: Simd, E: Lanes>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    values: Rows<'_, E>,
+    rows: Range<usize>,
+    tile: &mut TileBuffers,
+    next: Option<RowStream>,
+) {
+    s.run(OutputProduct {
+        t,
+        block,
+        values,
+        rows,
+        tile,
+        next,
+    })
+}
+
+/// [`output_product`]'s operands.
+struct OutputProduct<'a, 'v, E> {
+    t: &'a Tiles,
+    block: &'a Block,
+    values: Rows<'v, E>,
+    rows: Range<usize>,
+    tile: &'a mut TileBuffers,
+    next: Option<RowStream>,
+}
+
+impl<E: Lanes> Kernel for OutputProduct<'_, '_, E> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let OutputProduct {
+            t,
+            block,
+            values,
+            rows,
+            tile,
+            next,
+        } = self;
+        output_panels(s, t, block, values, rows, tile, next)
+    }
+}
+
+/// The body of [`OutputProduct`].
+#[inline(always)]
+fn output_panels<S: Simd, E: Lanes>(
     s: S,
     t: &Tiles,
     block: &Block,
@@ -1654,9 +1774,68 @@ fn score_keys<S: Simd>(
 /// `paired` gives the instruction and Q's pair rows; `factors`: each key's score times its factor
 /// (8-bit keys with per-key scales, indexed by key in the block). Returns the number of tiles
 /// computed.
+///
+/// Its own entry point ([`ByChannels`]), compiled once per backend and row type, as
+/// [`output_product`] is.
 #[allow(clippy::too_many_arguments)] // one stage's operands
 #[inline(always)]
 fn scores_by_channels<S: Simd, E: Lanes>(
+    s: S,
+    t: &Tiles,
+    block: &Block,
+    keys: Rows<'_, E>,
+    range: (Range<usize>, Range<usize>),
+    tile: &mut TileBuffers,
+    next: Option<RowStream>,
+    paired: Option<(Bf16Dot, &[f32])>,
+    factors: Option<&[f32]>,
+) -> u64 {
+    s.run(ByChannels {
+        t,
+        block,
+        keys,
+        range,
+        tile,
+        next,
+        paired,
+        factors,
+    })
+}
+
+/// [`scores_by_channels`]' operands.
+struct ByChannels<'a, 'k, E> {
+    t: &'a Tiles,
+    block: &'a Block,
+    keys: Rows<'k, E>,
+    range: (Range<usize>, Range<usize>),
+    tile: &'a mut TileBuffers,
+    next: Option<RowStream>,
+    paired: Option<(Bf16Dot, &'a [f32])>,
+    factors: Option<&'a [f32]>,
+}
+
+impl<E: Lanes> Kernel for ByChannels<'_, '_, E> {
+    type Output = u64;
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) -> u64 {
+        let ByChannels {
+            t,
+            block,
+            keys,
+            range,
+            tile,
+            next,
+            paired,
+            factors,
+        } = self;
+        dots_by_channels(s, t, block, keys, range, tile, next, paired, factors)
+    }
+}
+
+/// The body of [`ByChannels`].
+#[allow(clippy::too_many_arguments)] // one stage's operands
+#[inline(always)]
+fn dots_by_channels<S: Simd, E: Lanes>(
     s: S,
     t: &Tiles,
     block: &Block,

@@ -11,6 +11,7 @@
 //! caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
 use crate::element::{Element, KvElement};
+use crate::kv_cache::{RowMap, TensorKv};
 use crate::problem::Broadcast;
 use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;
@@ -210,22 +211,6 @@ pub(super) fn convert<S: Simd, T: Element>(s: S, src: &[T], dst: &mut [f32]) {
     }
 }
 
-/// Where key `j` of sequence `b` lies in the K and V tensors: its `(index along dim 0, index
-/// along dim 1)`, the head and channel indices being the call's own.
-#[derive(Clone, Copy)]
-pub enum RowMap<'a> {
-    /// Dense `[B, n_kv, H_kv, d]`: `(b, j)`.
-    Dense,
-    /// Packed `[1, total_kv, H_kv, d]`: `(0, cu_seqlens_k[b] + j)`.
-    Packed(&'a [usize]),
-    /// Paged `[num_pages, page_size, H_kv, d]`: `(table[b][j / page_size], j % page_size)`.
-    Paged {
-        table: &'a [u32],
-        pages_per_seq: usize,
-        page_size: usize,
-    },
-}
-
 impl<'a> RowMap<'a> {
     /// The storage position of key `j` of sequence `b` (validated: inside the tensors).
     #[inline(always)]
@@ -300,16 +285,6 @@ impl<'a> RowMap<'a> {
             _ => None,
         }
     }
-}
-
-/// K and V as tensors of one element type (BSHD, BHSD, padded, broadcast: any strides), dense,
-/// packed or paged ([`RowMap`]). f32 rows with unit channel stride are read in place (paged
-/// ones through the block table, row by row); other rows (f16/bf16, strided channels) are
-/// converted block by block into the worker's buffers.
-pub struct TensorKv<'a, T> {
-    pub k: Tensor<'a, T>,
-    pub v: Tensor<'a, T>,
-    pub map: RowMap<'a>,
 }
 
 impl<T: KvElement> TensorKv<'_, T> {

@@ -19,16 +19,15 @@ mod quant;
 mod rows;
 mod scratch;
 
-use crate::element::{Element, KvElement, Typed, TypedKv};
+use crate::element::{Element, KvElement};
 use crate::error::Error;
+use crate::kv_cache::{AnyKv, RowMap, TensorKv};
 use crate::problem::Problem;
 use crate::simd::{dispatch, geometry, Kernel, Simd};
-use crate::tensor::{Tensor, TensorMut};
+use crate::tensor::{AnyTensor, AnyTensorMut, Tensor, TensorMut};
 use blocking::{split_range, Blocking, MAX_SPLITS};
-use half::{bf16, f16};
 use item::{stream_item, Ctx, Item};
 use kv::KvSource;
-pub(crate) use kv::{RowMap, TensorKv};
 use quant::QuantKv;
 use rayon::prelude::*;
 use rows::{finish_item, Part, RowWriter};
@@ -36,14 +35,14 @@ use scratch::{Scratch, ScratchPool};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One work item run on the dispatched backend.
-struct ItemKernel<'a, 'c, Q, KV> {
+struct ItemKernel<'a, 'c, KV> {
     cx: &'a Ctx<'c, KV>,
-    q: &'a Tensor<'c, Q>,
+    q: &'a AnyTensor<'c>,
     item: &'a Item,
     scratch: &'a mut Scratch,
 }
 
-impl<Q: Element, KV: KvSource> Kernel for ItemKernel<'_, '_, Q, KV> {
+impl<KV: KvSource> Kernel for ItemKernel<'_, '_, KV> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
@@ -168,11 +167,11 @@ pub(crate) fn scratch_bytes<KV: KvElement>(
         v: *v,
         map: RowMap::Dense,
     };
-    let packs_keys = match KV::kv(kv) {
-        TypedKv::F32(kv) => kv.packs_keys(),
-        TypedKv::F16(kv) => kv.packs_keys(),
-        TypedKv::Bf16(kv) => kv.packs_keys(),
-        TypedKv::I8(_) => true,
+    let packs_keys = match kv.erase() {
+        AnyKv::F32(kv) => kv.packs_keys(),
+        AnyKv::F16(kv) => kv.packs_keys(),
+        AnyKv::Bf16(kv) => kv.packs_keys(),
+        AnyKv::I8(_) => true,
     };
     Ok(Scratch::bytes(&blocking, packs_keys))
 }
@@ -199,7 +198,11 @@ impl Workspace {
 }
 
 /// Computes attention for a validated problem with the fused kernel, K and V read from `kv`
-/// (dense, packed or paged tensors), with the memory of `ws`.
+/// (dense, packed or paged tensors), with the memory of `ws`. The element types are named
+/// here ([`AnyTensor`], [`AnyKv`]), so that the kernel below is compiled once, in this crate,
+/// not again in each crate (and test binary) that calls the generic API, and only once per
+/// K/V source: Q's type reaches the kernel only where queries are packed, the output's only
+/// where rows are written.
 pub(crate) fn run<Q: Element, KV: KvElement, O: Element>(
     ws: &mut Workspace,
     problem: &Problem<'_>,
@@ -209,109 +212,101 @@ pub(crate) fn run<Q: Element, KV: KvElement, O: Element>(
     lse: Option<&mut [f32]>,
     tile_counter: Option<&AtomicU64>,
 ) -> Result<(), Error> {
-    run_typed(
-        ws,
+    let call = Call {
         problem,
-        Q::tensor(*q),
-        KV::kv(kv),
-        O::tensor_mut(out),
+        q: q.erase(),
+        out: out.erase(),
         lse,
         tile_counter,
-    )
+    };
+    run_erased(ws, call, kv.erase())
 }
 
-/// [`run`] with the element types named: not generic, so the kernel is compiled once, in
-/// this crate, for every combination of types, instead of again in each crate (and test
-/// binary) that calls the generic API.
+/// The operands of one call besides K/V.
+struct Call<'c, 'o> {
+    problem: &'c Problem<'c>,
+    q: AnyTensor<'c>,
+    out: AnyTensorMut<'o>,
+    lse: Option<&'o mut [f32]>,
+    tile_counter: Option<&'c AtomicU64>,
+}
+
+/// [`run`] with the element types named: one driver per K/V source.
 #[inline(never)]
-#[allow(clippy::type_complexity)]
-fn run_typed(
-    ws: &mut Workspace,
-    problem: &Problem<'_>,
-    q: Typed<Tensor<'_, f32>, Tensor<'_, f16>, Tensor<'_, bf16>>,
-    kv: TypedKv<'_>,
-    out: Typed<&mut TensorMut<'_, f32>, &mut TensorMut<'_, f16>, &mut TensorMut<'_, bf16>>,
-    lse: Option<&mut [f32]>,
-    tile_counter: Option<&AtomicU64>,
-) -> Result<(), Error> {
-    macro_rules! each {
-        ($x:expr, |$v:ident| $body:expr) => {
-            match $x {
-                Typed::F32($v) => $body,
-                Typed::F16($v) => $body,
-                Typed::Bf16($v) => $body,
-            }
-        };
+fn run_erased(ws: &mut Workspace, call: Call<'_, '_>, kv: AnyKv<'_>) -> Result<(), Error> {
+    match kv {
+        AnyKv::F32(kv) => run_source(ws, call, kv),
+        AnyKv::F16(kv) => run_source(ws, call, kv),
+        AnyKv::Bf16(kv) => run_source(ws, call, kv),
+        AnyKv::I8(kv) => {
+            // Present for i8 K/V: the problem's validation requires them.
+            let Some(scales) = call.problem.kv_scales else {
+                return Err(Error::KvScales { kv_type: "i8" });
+            };
+            run_source(ws, call, QuantKv::new(kv, scales))
+        }
     }
-    macro_rules! each_kv {
-        ($x:expr, |$v:ident| $body:expr) => {
-            match $x {
-                TypedKv::F32($v) => $body,
-                TypedKv::F16($v) => $body,
-                TypedKv::Bf16($v) => $body,
-                TypedKv::I8(kv) => {
-                    // Present for i8 K/V: the problem's validation requires them.
-                    let Some(scales) = problem.kv_scales else {
-                        return Err(Error::KvScales { kv_type: "i8" });
-                    };
-                    let $v = QuantKv::new(kv, scales);
-                    $body
-                }
-            }
-        };
-    }
-    each!(q, |q| each_kv!(kv, |kv| each!(out, |out| run_source(
-        ws,
-        problem,
-        &q,
-        kv,
-        out,
-        lse,
-        tile_counter
-    ))))
 }
 
-/// The driver, for any [`KvSource`]: schedules the work units on the current rayon pool, runs
-/// each through [`stream_item`], combines and writes the rows.
-fn run_source<Q: Element, KV: KvSource, O: Element>(
-    ws: &mut Workspace,
-    problem: &Problem<'_>,
-    q: &Tensor<'_, Q>,
-    kv: KV,
-    out: &mut TensorMut<'_, O>,
-    lse: Option<&mut [f32]>,
-    tile_counter: Option<&AtomicU64>,
-) -> Result<(), Error> {
-    if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && lse.is_none()) {
+/// The driver's part that depends on the K/V source: runs each work unit through
+/// [`stream_item`] on the dispatched backend; [`drive`] does the rest.
+fn run_source<KV: KvSource>(ws: &mut Workspace, call: Call<'_, '_>, kv: KV) -> Result<(), Error> {
+    let problem = call.problem;
+    if problem.batch == 0 || problem.n_q == 0 || (problem.d_v == 0 && call.lse.is_none()) {
         return Ok(());
     }
     let blocking = Blocking::for_problem(problem, geometry(), KV::ELEMENT_BYTES)?;
-    let sched = Schedule::new(problem, &blocking);
-    let (items, splits) = (sched.items(), sched.splits);
-    let units = items * splits;
-    let pool = ScratchPool::new(
-        &blocking,
-        kv.packs_keys(),
-        rayon::current_num_threads().min(units),
-        std::mem::take(&mut ws.scratches),
-    )?;
+    let packs_keys = kv.packs_keys();
     let cx = Ctx {
         problem,
         blocking,
         kv,
     };
+    let q = call.q;
+    let compute = |item: &Item, scratch: &mut Scratch| {
+        dispatch(ItemKernel {
+            cx: &cx,
+            q: &q,
+            item,
+            scratch,
+        })
+    };
+    drive(ws, call, &blocking, packs_keys, &compute)
+}
+
+/// The driver: schedules the work units on the current rayon pool, runs each through
+/// `compute`, combines and writes the rows. Not generic (`compute` is called once per work
+/// unit), so the scheduling and rayon's machinery are compiled once.
+fn drive(
+    ws: &mut Workspace,
+    call: Call<'_, '_>,
+    blocking: &Blocking,
+    packs_keys: bool,
+    compute: &(dyn Fn(&Item, &mut Scratch) + Sync),
+) -> Result<(), Error> {
+    let Call {
+        problem,
+        out,
+        lse,
+        tile_counter,
+        ..
+    } = call;
+    let sched = Schedule::new(problem, blocking);
+    let (items, splits) = (sched.items(), sched.splits);
+    let units = items * splits;
+    let pool = ScratchPool::new(
+        blocking,
+        packs_keys,
+        rayon::current_num_threads().min(units),
+        std::mem::take(&mut ws.scratches),
+    )?;
     let writer = RowWriter::new(out, lse);
     let d_vp = blocking.d_v_pad;
 
     // Stream one work unit into the scratch's tile buffers.
     let compute = |unit: usize, scratch: &mut Scratch| -> Item {
         let item = sched.item(unit / splits, unit % splits);
-        dispatch(ItemKernel {
-            cx: &cx,
-            q,
-            item: &item,
-            scratch,
-        });
+        compute(&item, scratch);
         if let Some(counter) = tile_counter {
             counter.fetch_add(std::mem::take(&mut scratch.tiles), Ordering::Relaxed);
         }
@@ -341,11 +336,11 @@ fn run_source<Q: Element, KV: KvSource, O: Element>(
     } else {
         split_kv(
             &sched,
-            &blocking,
+            blocking,
             &pool,
             &mut ws.partials,
             &compute,
-            |item, parts, acc| finish_item(&writer, problem, item, d_vp, parts, acc),
+            &|item, parts, acc| finish_item(&writer, problem, item, d_vp, parts, acc),
         )?;
     }
     ws.scratches = pool.into_scratches();
@@ -360,8 +355,8 @@ fn split_kv(
     blocking: &Blocking,
     pool: &ScratchPool,
     partials: &mut Vec<f32>,
-    compute: &(impl Fn(usize, &mut Scratch) -> Item + Sync),
-    finish: impl Fn(&Item, &[Part<'_>], &mut [f32]) + Sync,
+    compute: &(dyn Fn(usize, &mut Scratch) -> Item + Sync),
+    finish: &(dyn Fn(&Item, &[Part<'_>], &mut [f32]) + Sync),
 ) -> Result<(), Error> {
     let (items, splits) = (sched.items(), sched.splits);
     debug_assert!(splits <= MAX_SPLITS);

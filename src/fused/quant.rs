@@ -24,7 +24,8 @@
 //! folded with K's scales, if they are — large enough to overflow the integer dot products:
 //! `Tiles` in [`super::item`]).
 
-use super::kv::{KeyRange, KvSource, RowMap, Rows, TensorKv};
+use super::kv::{KeyRange, KvSource, Rows};
+use crate::kv_cache::{RowMap, TensorKv};
 use crate::problem::{Broadcast, KvScales};
 use crate::simd::{Lanes, RowStream, Simd};
 use crate::tensor::Tensor;

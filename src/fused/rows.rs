@@ -7,7 +7,8 @@ use crate::element::Element;
 use crate::math::{exp2, log2};
 use crate::problem::Problem;
 use crate::simd::{dispatch, Kernel, Simd};
-use crate::tensor::TensorMut;
+use crate::tensor::AnyTensorMut;
+use half::{bf16, f16};
 use std::f32::consts::{LN_2, LOG2_E};
 
 /// The unnormalized result of one key range for the stacked rows of one item: row `r`'s
@@ -64,8 +65,8 @@ impl Kernel for CombineRow<'_, '_> {
 
 /// Combines the parts of `item` and writes each of its rows.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn finish_item<O: Element>(
-    writer: &RowWriter<O>,
+pub(crate) fn finish_item(
+    writer: &RowWriter,
     problem: &Problem<'_>,
     item: &Item,
     d_vp: usize,
@@ -102,31 +103,53 @@ pub(crate) fn finish_item<O: Element>(
 /// Writes output rows and LSE values from several threads at once.
 ///
 /// Holds raw pointers because rows of one output view are written by different rayon workers:
-/// no safe borrow can split a strided view into per-row pieces.
-pub(crate) struct RowWriter<O> {
-    out: *mut O,
+/// no safe borrow can split a strided view into per-row pieces. Not generic: each row is
+/// converted to the output's type as it is written (one `match` per row).
+pub(crate) struct RowWriter {
+    out: OutPtr,
     dims: [usize; 4],
     strides: [usize; 4],
     lse: *mut f32,
     lse_len: usize,
 }
 
+/// The output's first element, by its type.
+#[derive(Clone, Copy)]
+enum OutPtr {
+    F32(*mut f32),
+    F16(*mut f16),
+    Bf16(*mut bf16),
+}
+
 // SAFETY: the pointers come from `&mut` borrows that outlive the parallel loop, and every
 // element is written by exactly one work item (see `write_row`), so sharing the writer across
 // threads creates no data race.
-unsafe impl<O: Send> Send for RowWriter<O> {}
+unsafe impl Send for RowWriter {}
 // SAFETY: as above.
-unsafe impl<O: Send> Sync for RowWriter<O> {}
+unsafe impl Sync for RowWriter {}
 
-impl<O: Element> RowWriter<O> {
-    pub fn new(out: &mut TensorMut<'_, O>, lse: Option<&mut [f32]>) -> Self {
-        let (data, dims, strides) = out.raw_parts();
+impl RowWriter {
+    pub fn new(out: AnyTensorMut<'_>, lse: Option<&mut [f32]>) -> Self {
+        let (out, dims, strides) = match out {
+            AnyTensorMut::F32(mut t) => {
+                let (data, dims, strides) = t.raw_parts();
+                (OutPtr::F32(data.as_mut_ptr()), dims, strides)
+            }
+            AnyTensorMut::F16(mut t) => {
+                let (data, dims, strides) = t.raw_parts();
+                (OutPtr::F16(data.as_mut_ptr()), dims, strides)
+            }
+            AnyTensorMut::Bf16(mut t) => {
+                let (data, dims, strides) = t.raw_parts();
+                (OutPtr::Bf16(data.as_mut_ptr()), dims, strides)
+            }
+        };
         let (lse, lse_len) = match lse {
             Some(l) => (l.as_mut_ptr(), l.len()),
             None => (std::ptr::null_mut(), 0),
         };
         RowWriter {
-            out: data.as_mut_ptr(),
+            out,
             dims,
             strides,
             lse,
@@ -187,20 +210,14 @@ impl<O: Element> RowWriter<O> {
         // once multiplied): no offset is formed for it.
         if d_v > 0 {
             let base = b * self.strides[0] + i * self.strides[1] + h * self.strides[2];
-            let value = |ox: f32| O::from_f32(if l == 0.0 { 0.0 } else { ox * inv });
-            if self.strides[3] == 1 {
-                // SAFETY: see the function's contract: with unit channel stride the row is the
-                // `d_v` elements from `base`, inside the view's validated span, and written by
-                // this thread alone.
-                let row = unsafe { std::slice::from_raw_parts_mut(self.out.add(base), d_v) };
-                for (x, &ox) in row.iter_mut().zip(&o[..d_v]) {
-                    *x = value(ox);
-                }
-            } else {
-                for (x, &ox) in o[..d_v].iter().enumerate() {
-                    // SAFETY: see the function's contract; the view is non-empty, so this
-                    // index is inside its validated span.
-                    unsafe { *self.out.add(base + x * self.strides[3]) = value(ox) };
+            let (o, inv) = (&o[..d_v], if l == 0.0 { None } else { Some(inv) });
+            let (sd, ptr) = (self.strides[3], self.out);
+            // SAFETY: the function's contract.
+            unsafe {
+                match ptr {
+                    OutPtr::F32(out) => write_values(out, base, sd, o, inv),
+                    OutPtr::F16(out) => write_values(out, base, sd, o, inv),
+                    OutPtr::Bf16(out) => write_values(out, base, sd, o, inv),
                 }
             }
         }
@@ -209,6 +226,37 @@ impl<O: Element> RowWriter<O> {
             debug_assert!(idx < self.lse_len);
             // SAFETY: see the function's contract.
             unsafe { *self.lse.add(idx) = lse };
+        }
+    }
+}
+
+/// Writes `o[x] · inv` (0 for every `x` without `inv`: a row that saw no key), rounded to `O`,
+/// to the `o.len()` elements `out[base + x · sd]`.
+///
+/// # Safety
+/// Those elements lie inside a validated output view and no other thread writes them
+/// concurrently ([`RowWriter::write_row`]'s contract).
+#[inline(always)]
+unsafe fn write_values<O: Element>(
+    out: *mut O,
+    base: usize,
+    sd: usize,
+    o: &[f32],
+    inv: Option<f32>,
+) {
+    let value = |ox: f32| O::from_f32(inv.map_or(0.0, |inv| ox * inv));
+    if sd == 1 {
+        // SAFETY: with unit channel stride the row is the `o.len()` elements from `base`,
+        // inside the view's validated span, and written by this thread alone.
+        let row = unsafe { std::slice::from_raw_parts_mut(out.add(base), o.len()) };
+        for (x, &ox) in row.iter_mut().zip(o) {
+            *x = value(ox);
+        }
+    } else {
+        for (x, &ox) in o.iter().enumerate() {
+            // SAFETY: an element of the row, inside the view's validated span (the view is
+            // non-empty: d_v > 0).
+            unsafe { *out.add(base + x * sd) = value(ox) };
         }
     }
 }
