@@ -347,6 +347,9 @@ fn drive(
     Ok(())
 }
 
+/// Combines an item's parts (in key order) and writes its rows, with a row of scratch.
+type FinishItem<'a> = dyn Fn(&Item, &[Part<'_>], &mut [f32]) + Sync + 'a;
+
 /// Split-KV: every unit streams its key range into a slot of partial results (o, m, l per
 /// row) in `partials`; then each item combines its slots in key order (`finish`), so the
 /// result does not depend on which thread ran what.
@@ -356,7 +359,7 @@ fn split_kv(
     pool: &ScratchPool,
     partials: &mut Vec<f32>,
     compute: &(dyn Fn(usize, &mut Scratch) -> Item + Sync),
-    finish: &(dyn Fn(&Item, &[Part<'_>], &mut [f32]) + Sync),
+    finish: &FinishItem<'_>,
 ) -> Result<(), Error> {
     let (items, splits) = (sched.items(), sched.splits);
     debug_assert!(splits <= MAX_SPLITS);
