@@ -11,12 +11,14 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 mod sealed {
-    use super::{KvPair, Slice, SliceMut};
+    use super::{Dtype, KvPair, Slice, SliceMut};
 
     /// Names the concrete type behind a generic K/V type: the public generic functions hand
     /// their operands to one non-generic kernel entry point, so the kernel is compiled once,
     /// in this crate, not again in every crate that calls it.
     pub trait SealedKv: Sized {
+        /// Which type this is.
+        const DTYPE: Dtype;
         /// K's and V's elements, named by their type.
         fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a>;
     }
@@ -30,6 +32,7 @@ mod sealed {
     }
 
     impl SealedKv for i8 {
+        const DTYPE: Dtype = Dtype::I8;
         fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
             KvPair::I8(k, v)
         }
@@ -46,6 +49,7 @@ mod sealed {
                 }
             }
             impl SealedKv for $t {
+                const DTYPE: Dtype = Dtype::$variant;
                 fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
                     KvPair::$variant(k, v)
                 }
@@ -53,6 +57,21 @@ mod sealed {
         )*};
     }
     sealed!(f32 => F32, half::f16 => F16, half::bf16 => Bf16);
+}
+
+/// The element types, for the questions the kernel asks of a generic one in constant
+/// expressions (`KV::DTYPE == Dtype::F16` picks the f16 kernels at compile time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    I8,
+}
+
+/// The element type of `T`.
+pub(crate) const fn dtype<T: KvElement>() -> Dtype {
+    T::DTYPE
 }
 
 /// Elements of a generic [`Element`] type, named by their concrete type.

@@ -1,7 +1,7 @@
 //! Validation of one attention call: the shapes of Q, K, V, O (and LSE) against each other and
 //! the options, reduced to a [`Problem`] that both the fused kernel and the reference read.
 
-use crate::element::KvElement;
+use crate::element::{dtype, Dtype, KvElement};
 use crate::error::{Dim, Error, Operand};
 use crate::kv_cache::{PagedKv, VarlenKv};
 use crate::options::{Alignment, Options};
@@ -305,8 +305,8 @@ pub(crate) struct Problem<'a> {
 /// Whether Q and K/V are bf16, the types [`Options::bf16_products`] applies to: their values
 /// are bf16 already, so the bf16 products round only the softmax weights (never a value out of
 /// range: an f32 beyond bf16's largest finite value would round to ±∞).
-fn bf16_inputs<Q, KV: KvElement>() -> bool {
-    std::any::type_name::<Q>() == std::any::type_name::<half::bf16>() && KV::NAME == "bf16"
+fn bf16_inputs<Q: KvElement, KV: KvElement>() -> bool {
+    dtype::<Q>() == Dtype::Bf16 && dtype::<KV>() == Dtype::Bf16
 }
 
 impl<'a> Problem<'a> {
@@ -389,7 +389,7 @@ impl<'a> Problem<'a> {
 
     /// Validates the operands of a call on dense tensors (`out_dims`: the output's logical
     /// dims) and the options.
-    pub fn new<Q, KV: KvElement>(
+    pub fn new<Q: KvElement, KV: KvElement>(
         q: &Tensor<'_, Q>,
         k: &Tensor<'_, KV>,
         v: &Tensor<'_, KV>,
@@ -413,7 +413,7 @@ impl<'a> Problem<'a> {
     /// [`Problem::new`]): the logical key buffer of sequence `b` is its `pages_per_seq` pages,
     /// the key lengths are required, and every table entry a sequence's key length reaches must
     /// name a page of the pool.
-    pub fn new_paged<Q, KV: KvElement>(
+    pub fn new_paged<Q: KvElement, KV: KvElement>(
         q: &Tensor<'_, Q>,
         kv: &PagedKv<'a, KV>,
         out_dims: [usize; 4],
@@ -444,7 +444,7 @@ impl<'a> Problem<'a> {
     /// Validates a packed variable-length call: Q `[1, total_q, H, d_k]` with sequence `b` in
     /// rows `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]`, out alike, LSE `[H, total_q]`, K/V
     /// packed (`[1, total_kv, H_kv, d]` with `cu_seqlens_k`) or paged.
-    pub fn new_varlen<Q, KV: KvElement>(
+    pub fn new_varlen<Q: KvElement, KV: KvElement>(
         q: &Tensor<'_, Q>,
         cu_seqlens_q: &'a [usize],
         kv: &VarlenKv<'a, KV>,

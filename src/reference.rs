@@ -16,9 +16,10 @@
 
 use crate::element::{Element, KvElement};
 use crate::error::Error;
+use crate::kv_cache::{AnyKv, RowMap, TensorKv};
 use crate::options::Options;
 use crate::problem::{Broadcast, Problem};
-use crate::tensor::{Tensor, TensorMut};
+use crate::tensor::{AnyTensor, AnyTensorMut, Tensor, TensorMut};
 
 /// Reference attention: `out = softmax(Q·Kᵀ·scale) · V` with the semantics of
 /// [`crate::attention`], computed in f64 with the whole score matrix in memory.
@@ -34,7 +35,7 @@ pub fn attention<Q: Element, KV: KvElement, O: Element>(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), None, opts)?;
-    run(&problem, q, k, v, out, None)
+    run(&problem, q.erase(), erase_kv(k, v), out.erase(), None)
 }
 
 /// Reference attention that also writes the natural-log log-sum-exp of each row's scores,
@@ -51,7 +52,13 @@ pub fn attention_lse<Q: Element, KV: KvElement, O: Element>(
     opts: &Options<'_>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q, k, v, out.dims(), Some(lse), opts)?;
-    run(&problem, q, k, v, out, Some(lse))
+    run(&problem, q.erase(), erase_kv(k, v), out.erase(), Some(lse))
+}
+
+/// K and V, their element type named (so that [`run`] is compiled once, not per type).
+fn erase_kv<'a, KV: KvElement>(k: &Tensor<'a, KV>, v: &Tensor<'a, KV>) -> AnyKv<'a> {
+    let map = RowMap::Dense;
+    TensorKv { k: *k, v: *v, map }.erase()
 }
 
 fn at<T: KvElement>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
@@ -59,22 +66,54 @@ fn at<T: KvElement>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
     t.get(index).expect("index inside validated dims").to_f64()
 }
 
-/// A key or value as the call defines it: the stored value, times its scale for `i8` K/V
-/// (exact in f64: an 8-bit integer times an f32 needs 32 significant bits).
-fn kv_at<T: KvElement>(
-    t: &Tensor<'_, T>,
+/// Q's element at `index`.
+fn q_at(q: &AnyTensor<'_>, index: [usize; 4]) -> f64 {
+    match q {
+        AnyTensor::F32(q) => at(q, index),
+        AnyTensor::F16(q) => at(q, index),
+        AnyTensor::Bf16(q) => at(q, index),
+    }
+}
+
+/// A key (`values` false) or value as the call defines it: the stored value, times its scale
+/// for `i8` K/V (exact in f64: an 8-bit integer times an f32 needs 32 significant bits).
+fn kv_at(
+    kv: &AnyKv<'_>,
+    values: bool,
     scales: Option<Broadcast<'_, f32>>,
     index: [usize; 4],
 ) -> f64 {
-    at(t, index) * scales.map_or(1.0, |s| f64::from(s.at(index)))
+    macro_rules! side {
+        ($kv:expr) => {
+            at(if values { &$kv.v } else { &$kv.k }, index)
+        };
+    }
+    let x = match kv {
+        AnyKv::F32(kv) => side!(kv),
+        AnyKv::F16(kv) => side!(kv),
+        AnyKv::Bf16(kv) => side!(kv),
+        AnyKv::I8(kv) => side!(kv),
+    };
+    x * scales.map_or(1.0, |s| f64::from(s.at(index)))
 }
 
-fn run<Q: Element, KV: KvElement, O: Element>(
+/// Writes `x` to `out[index]`, rounded to the output's type.
+fn write(out: &mut AnyTensorMut<'_>, index: [usize; 4], x: f32) {
+    fn put<O: Element>(out: &mut TensorMut<'_, O>, index: [usize; 4], x: f32) {
+        *out.get_mut(index).expect("index inside validated dims") = O::from_f32(x);
+    }
+    match out {
+        AnyTensorMut::F32(out) => put(out, index, x),
+        AnyTensorMut::F16(out) => put(out, index, x),
+        AnyTensorMut::Bf16(out) => put(out, index, x),
+    }
+}
+
+fn run(
     p: &Problem,
-    q: &Tensor<'_, Q>,
-    k: &Tensor<'_, KV>,
-    v: &Tensor<'_, KV>,
-    out: &mut TensorMut<'_, O>,
+    q: AnyTensor<'_>,
+    kv: AnyKv<'_>,
+    mut out: AnyTensorMut<'_>,
     mut lse: Option<&mut [f32]>,
 ) -> Result<(), Error> {
     // Nothing to compute: no row, or no output element and no LSE (checked before the score
@@ -101,7 +140,9 @@ fn run<Q: Element, KV: KvElement, O: Element>(
             for i in 0..p.n_q {
                 for j in 0..p.n_kv {
                     let dot: f64 = (0..p.d_k)
-                        .map(|c| at(q, [b, i, h, c]) * kv_at(k, k_scales, [b, j, hk, c]))
+                        .map(|c| {
+                            q_at(&q, [b, i, h, c]) * kv_at(&kv, false, k_scales, [b, j, hk, c])
+                        })
                         .sum();
                     scores[i * p.n_kv + j] = scale * dot;
                 }
@@ -173,13 +214,12 @@ fn run<Q: Element, KV: KvElement, O: Element>(
                     if visible_any {
                         for (j, &w) in row.iter().enumerate() {
                             if visible(i, j) {
-                                acc += w * kv_at(v, v_scales, [b, j, hk, c]);
+                                acc += w * kv_at(&kv, true, v_scales, [b, j, hk, c]);
                             }
                         }
                         acc /= sum;
                     }
-                    *out.get_mut([b, i, h, c])
-                        .expect("index inside validated dims") = O::from_f32(acc as f32);
+                    write(&mut out, [b, i, h, c], acc as f32);
                 }
                 if let Some(lse) = lse.as_deref_mut() {
                     lse[(b * p.heads + h) * p.n_q + i] = if m > f64::NEG_INFINITY || m.is_nan() {
@@ -312,11 +352,22 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
     let [batch, n_q, heads, _] = q.dims();
     let d_v = v.dims()[3];
     let p = Problem::new(q, k, v, [batch, n_q, heads, d_v], None, opts)?;
+    bounds(&p, q.erase(), erase_kv(k, v), KV::QUANTIZED)
+}
+
+/// [`error_bounds`] with the element types named (`quantized`: i8 K/V).
+fn bounds(
+    p: &Problem<'_>,
+    q: AnyTensor<'_>,
+    kv: AnyKv<'_>,
+    quantized: bool,
+) -> Result<Vec<ErrorBound>, Error> {
+    let (batch, n_q, heads) = (p.batch, p.n_q, p.heads);
     let scale = f64::from(p.scale).abs();
     let (k_scales, v_scales) = (p.kv_scales.map(|s| s.k), p.kv_scales.map(|s| s.v));
     // i8 K/V: the kernel rounds each dequantized value `x_i8 · scale` to f32 once — one more
     // rounding in every score product, and values off by a relative u.
-    let dequantized = usize::from(KV::QUANTIZED);
+    let dequantized = usize::from(quantized);
     // bf16 products (step 7; bf16 Q and K/V only): the weights' rounding to bf16.
     let u_p = if p.bf16_products { U_BF16 } else { 0.0 };
     let rows = batch
@@ -348,7 +399,8 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     }
                     let (mut dot, mut abs, mut norms) = (0.0, 0.0, 0.0);
                     for c in 0..p.d_k {
-                        let (qc, kc) = (at(q, [b, i, h, c]), kv_at(k, k_scales, [b, j, hk, c]));
+                        let qc = q_at(&q, [b, i, h, c]);
+                        let kc = kv_at(&kv, false, k_scales, [b, j, hk, c]);
                         let x = qc * kc;
                         dot += x;
                         abs += x.abs();
@@ -359,7 +411,7 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     if p.bf16_products {
                         e += scale * NU * (2.0 * norms + 3.0 * p.d_k as f64);
                     }
-                    if KV::QUANTIZED {
+                    if quantized {
                         // Subnormal roundings (step 6): `norms` ≥ Σ|q|.
                         e += scale * ETA * (1.0 + norms + 128.0 * p.d_k as f64);
                     }
@@ -393,7 +445,7 @@ pub fn error_bounds<Q: Element, KV: KvElement>(
                     s_max = s_max.max(s);
                     worst = worst.max(e + 2.0 * U * s.abs());
                     for c in 0..p.d_v {
-                        v_max = v_max.max(kv_at(v, v_scales, [b, j, hk, c]).abs());
+                        v_max = v_max.max(kv_at(&kv, true, v_scales, [b, j, hk, c]).abs());
                     }
                 }
                 let mut delta = if n > 0 {

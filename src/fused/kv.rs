@@ -10,7 +10,7 @@
 //! strided tensors of every element type, dense, packed or paged ([`RowMap`]); 8-bit quantized
 //! caches ([`super::quant`]) — are implementations of this one trait, not copies of the loop.
 
-use crate::element::{Element, KvElement};
+use crate::element::{dtype, Dtype, Element, KvElement};
 use crate::kv_cache::{RowMap, TensorKv};
 use crate::problem::Broadcast;
 use crate::simd::{Lanes, RowStream, Simd};
@@ -422,8 +422,8 @@ impl<T: Element> KvSource for TensorKv<'_, T> {
         }
     }
 
-    const F16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 2048.0;
-    const BF16: bool = size_of::<T>() == 2 && T::UNIT_ROUNDOFF == 1.0 / 256.0;
+    const F16: bool = matches!(dtype::<T>(), Dtype::F16);
+    const BF16: bool = matches!(dtype::<T>(), Dtype::Bf16);
     const I8: bool = false;
     const ELEMENT_BYTES: usize = size_of::<T>();
 
