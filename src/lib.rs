@@ -105,8 +105,9 @@ pub use error::{Dim, Error, Operand};
 pub use half;
 pub use kv_cache::{PackedKv, PagedKv, VarlenKv};
 pub use merge::{merge_partials, Partial};
+pub use microkernel::dpbf16::bf16_products_available;
 pub use options::{alibi_slopes, Alignment, Options};
-pub use simd::{backend, bf16_products_available, Backend};
+pub use simd::{backend, Backend};
 pub use tensor::{Tensor, TensorMut};
 pub use workspace::Workspace;
 

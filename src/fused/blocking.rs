@@ -46,9 +46,9 @@
 //! a large L2 gives that difference up for the 512 KiB target.
 
 use crate::error::Error;
+use crate::microkernel::dpbf16::{self, bf16_dot, Bf16Dot};
 use crate::problem::Problem;
-use crate::simd::dpbf16::{self, Bf16Dot};
-use crate::simd::{bf16_dot, Geometry};
+use crate::simd::Geometry;
 
 /// Stacked query rows per work item the model aims for: whole output tiles (6 or 12 rows) and
 /// score panels (16 or 32 rows) on every backend.

@@ -58,7 +58,7 @@ pub(crate) struct KvBuffers {
 }
 
 /// The operands of the bf16 dot products ([`Blocking::pairs`]; empty otherwise), each a pair
-/// of bf16 values per 32-bit word, stored in f32 slots (see [`crate::simd::dpbf16`]).
+/// of bf16 values per 32-bit word, stored in f32 slots (see [`crate::microkernel::dpbf16`]).
 pub(crate) struct PairBuffers {
     /// Qᵀ panels by channel pairs: panel `t` holds `⌈d_k / 2⌉` steps of `2L` rows.
     pub qt: Aligned,

@@ -1,29 +1,10 @@
-//! AVX2 + FMA lanes from `core::arch`, usable only through a token that proves the CPU has them.
+//! AVX2 + FMA lanes from `core::arch`, usable only through a token that proves the CPU has them
+//! ([`Avx2Fma`], from `tokens.rs`).
 
-use super::{Kernel, Simd};
+use super::lanes::{Kernel, Simd};
+use super::tokens::Avx2Fma;
 use core::arch::x86_64::*;
 use half::{bf16, f16};
-
-/// Proof that the running CPU supports AVX2, FMA and F16C (every AVX2 CPU has F16C): the only
-/// constructor is [`Avx2Fma::detect`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Avx2Fma {
-    _proof: (),
-}
-
-impl Avx2Fma {
-    /// The token, if the CPU supports AVX2, FMA and F16C (`std` caches the CPUID query).
-    pub fn detect() -> Option<Self> {
-        if is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-        {
-            Some(Self { _proof: () })
-        } else {
-            None
-        }
-    }
-}
 
 /// The entry point that gives the kernel body AVX2 + FMA code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the features on.

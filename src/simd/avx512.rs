@@ -1,4 +1,5 @@
-//! AVX-512F lanes from `core::arch`, usable only through a token that proves the CPU has them.
+//! AVX-512F lanes from `core::arch`, usable only through a token that proves the CPU has them
+//! ([`Avx512`], from `tokens.rs`).
 //!
 //! The entry point enables AVX-512VL too (every AVX-512 server and desktop CPU since Skylake-X
 //! has it; only the Xeon Phi lacked it, and gets the AVX2 backend): the kernels use no VL
@@ -6,24 +7,10 @@
 //! registers 0–15, and the compiler then kept a 4 × 4 dot tile's accumulators in registers
 //! 0–16 as well, spilling five of them to the stack on every step of its loop (zmm17–31 unused).
 
-use super::{dpbf16::Bf16Dot, Kernel, Simd};
+use super::lanes::{Kernel, Simd};
+use super::tokens::{Avx512, Bf16Dot};
 use core::arch::x86_64::*;
 use half::{bf16, f16};
-
-/// Proof that the running CPU supports AVX-512F and AVX-512VL (and FMA, which AVX-512F implies
-/// for 512-bit vectors): the only constructor is [`Avx512::detect`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Avx512 {
-    _proof: (),
-}
-
-impl Avx512 {
-    /// The token, if the CPU supports AVX-512F and AVX-512VL (`std` caches the CPUID queries).
-    pub fn detect() -> Option<Self> {
-        (is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl"))
-            .then_some(Self { _proof: () })
-    }
-}
 
 /// The entry point that gives the kernel body AVX-512 code generation. `Kernel::run` and
 /// everything it calls are `#[inline(always)]`, so they are compiled here with the feature on.

@@ -1,12 +1,12 @@
 //! Portable lanes: `wide::f32x8`, compiled for whatever the build targets.
 
-use super::{Kernel, Simd};
+use super::lanes::{Kernel, Simd};
 use half::{bf16, f16};
 use wide::{f32x8, i32x8};
 
 /// The always-available backend. Fast only where the build itself enables wide vectors (for
 /// instance `-C target-cpu=native`, or NEON on aarch64); on x86-64 the kernels use
-/// [`super::Avx512`] or [`super::Avx2Fma`] at run time instead where the CPU has them.
+/// [`super::Avx512`] or [`super::tokens::Avx2Fma`] at run time instead where the CPU has them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Portable;
 

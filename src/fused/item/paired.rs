@@ -6,7 +6,7 @@ use super::shapes::panel_vecs;
 use super::work::Tiles;
 use crate::fused::kv::{KeyRange, KvSource, Rows};
 use crate::fused::scratch::{PairBuffers, TileBuffers};
-use crate::simd::dpbf16::{
+use crate::microkernel::dpbf16::{
     Bf16Dot, KeyRows, PairKeys, Pairable, PANEL as PAIR_PANEL, TILE as PAIR_TILE,
 };
 use crate::simd::{RowStream, Simd};

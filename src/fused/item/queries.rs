@@ -4,8 +4,8 @@
 use super::work::{Ctx, Item, Tiles};
 use crate::element::Element;
 use crate::fused::kv::{convert, KvSource};
+use crate::microkernel::dpbf16::{Bf16Dot, PANEL as PAIR_PANEL};
 use crate::problem::Problem;
-use crate::simd::dpbf16::{Bf16Dot, PANEL as PAIR_PANEL};
 use crate::simd::{Kernel, Lanes, Simd};
 use crate::tensor::{AnyTensor, Tensor};
 

@@ -4,7 +4,7 @@
 use super::ranges::Block;
 use super::work::Tiles;
 use crate::fused::scratch::TileBuffers;
-use crate::simd::dpbf16::Bf16Dot;
+use crate::microkernel::dpbf16::Bf16Dot;
 use crate::simd::{exp2, Kernel, Simd};
 
 /// The online softmax over one block, one query row per lane: new running max, rescale factor

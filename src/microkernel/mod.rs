@@ -29,6 +29,12 @@
 //!
 //! Tails use the same code with smaller const sizes (`KEYS`, `ROWS < TILE`, `VECS = 1`); head
 //! sizes are padded to whole vectors by packing, so there are no lane tails.
+//!
+//! [`dpbf16`] holds the same products on bf16 operands (AVX512_BF16's `vdpbf16ps`, for
+//! [`Options::bf16_products`](crate::Options::bf16_products)): tiles of intrinsics rather than
+//! of [`Simd`] lanes, the one per-ISA code above the lanes.
+
+pub(crate) mod dpbf16;
 
 use crate::simd::{Lanes, RowStream, Simd};
 
