@@ -7,7 +7,15 @@
 
 use sdpa::{Options, Tensor, TensorMut};
 
-mod support;
+/// The parts of `tests/support/` this test uses, not the whole module: this binary is on its
+/// own (see above), and compiling the rest of the harness once more would only cost build time.
+#[allow(dead_code)]
+mod support {
+    pub mod bytes;
+    #[path = "../../benches/support/counting_alloc.rs"]
+    pub mod counting_alloc;
+    pub mod values;
+}
 use support::counting_alloc::{with_peak_heap, CountingAlloc};
 use support::values::SplitMix;
 

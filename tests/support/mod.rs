@@ -1,14 +1,20 @@
 //! The one test harness: shapes, layouts, buffers with sentinels, random problems and options,
-//! and the checks against `sdpa::reference` and its `error_bounds`, shared by every integration
-//! test, the stable replay of the fuzz targets (`tests/fuzz_stable.rs`), the Miri subset
-//! (`tests/miri.rs`) and the cargo-fuzz targets (`fuzz/`).
+//! and the checks against `sdpa::reference` and its `error_bounds`, shared by the integration
+//! tests (the one test binary `tests/it/`, whose modules include the stable replay of the fuzz
+//! targets, `tests/it/fuzz_stable.rs`, and the Miri subset, `tests/it/miri.rs`), Miri's own
+//! test target (`tests/miri.rs`) and the cargo-fuzz targets (`fuzz/`).
 //!
 //! Why a module included by path rather than a crate: the fuzz project is its own workspace on
 //! nightly with libFuzzer, which the main crate's tests must not depend on, and the main crate
 //! cannot dev-depend on a crate inside it. This directory depends only on `sdpa`, `arbitrary`,
-//! `rand` and `rayon`, so both sides compile it as a plain module: the tests with
-//! `mod support;`, the fuzz crate's library with `#[path = "../../tests/support/mod.rs"]`. It
-//! is not a test target itself (Cargo only picks up `tests/*.rs` and `tests/*/main.rs`).
+//! `rand` and `rayon`, so every side compiles it as a plain module: the integration tests with
+//! `#[path = "../support/mod.rs"] mod support;` in `tests/it/main.rs`, once for all their
+//! modules (which `use crate::support;`); Miri's target with `mod support;` in `tests/miri.rs`
+//! (empty outside Miri); the fuzz crate's library with
+//! `#[path = "../../tests/support/mod.rs"]`. (`tests/memory.rs` includes only the files it
+//! needs.) It is not a test target itself (Cargo only picks up `tests/*.rs` and
+//! `tests/*/main.rs`). Each test binary compiles and links what it includes of this directory
+//! (about 8,700 lines) once more, which is why the integration tests are one binary.
 //!
 //! * [`bytes`]: how bytes decode to values (and encode back, for the seed corpora);
 //! * [`layout`]: the one layout type and the one buffer type (with sentinel padding);

@@ -1,6 +1,6 @@
-//! The seed corpora: named, structured inputs that `tests/fuzz_stable.rs` encodes into
+//! The seed corpora: named, structured inputs that `tests/it/fuzz_stable.rs` encodes into
 //! `fuzz/corpus/<target>/seed-<name>` (and checks that the files on disk still decode to them).
-//! Regenerate with `SDPA_WRITE_CORPUS=1 cargo test --test fuzz_stable seed_corpus`.
+//! Regenerate with `SDPA_WRITE_CORPUS=1 cargo test --test it -- fuzz_stable::seed_corpus`.
 
 use super::api::{ApiCase, Ctor, LenKind, LenSpec, MergeSpec, PartialSpec, StrideKind, ViewSpec};
 use super::differential::{DiffCase, Shape};

@@ -4,7 +4,7 @@
 //! `rayon::scope` task, a parallel iterator), and from several std threads at once on the
 //! global pool and on their own pools.
 
-mod support;
+use crate::support;
 
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};

@@ -6,7 +6,7 @@
 use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
 
-mod support;
+use crate::support;
 use support::contract::RowFacts;
 use support::harness::{assert_tensors_against_reference, Layout};
 use support::values::SplitMix;

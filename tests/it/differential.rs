@@ -19,7 +19,7 @@
 //! GQA ratios, layouts, scales), and the combinations are sampled with fixed seeds under a
 //! fixed cost budget.
 
-mod support;
+use crate::support;
 
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;

@@ -9,7 +9,7 @@
 //! `target/fuzz-stable-failures/`; copy it to `tests/regressions/<target>/` to keep it, and
 //! reproduce it with `cargo +nightly fuzz run <target> <file>`.
 
-mod support;
+use crate::support;
 
 use arbitrary::Unstructured;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -359,8 +359,8 @@ fn seed_corpus() {
     }
     assert!(
         stale.is_empty(),
-        "seed files missing or stale (regenerate with SDPA_WRITE_CORPUS=1 cargo test --test \
-         fuzz_stable seed_corpus): {stale:?}"
+        "seed files missing or stale (regenerate with SDPA_WRITE_CORPUS=1 cargo test --test it \
+         -- fuzz_stable::seed_corpus): {stale:?}"
     );
 }
 

@@ -13,8 +13,7 @@
 //! Every random test names its seed. Shapes, layouts, buffers, runners and the differential
 //! check are the shared ones of `tests/support` (`support::harness`).
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 mod errors;
 mod grid;

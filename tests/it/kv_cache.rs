@@ -16,7 +16,7 @@ use sdpa::{
     Alignment, Element, Error, Operand, Options, PackedKv, PagedKv, Tensor, TensorMut, VarlenKv,
 };
 
-mod support;
+use crate::support;
 use support::harness::Views;
 use support::harness::{assert_within_bounds, bounds_views, run_views, Layout, Outputs, Path};
 use support::values::SplitMix;

@@ -11,7 +11,7 @@ use sdpa::{
     VarlenKv,
 };
 
-mod support;
+use crate::support;
 use support::contract::RowFacts;
 use support::harness::{assert_tensors_against_reference, Layout};
 use support::values::SplitMix;

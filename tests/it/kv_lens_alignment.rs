@@ -6,7 +6,7 @@
 
 use sdpa::{Alignment, Options, Tensor, TensorMut};
 
-mod support;
+use crate::support;
 use support::harness::{assert_views_close_to_reference, Layout, Views};
 use support::values::SplitMix;
 

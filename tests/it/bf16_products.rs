@@ -11,7 +11,7 @@ use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, Options, Tensor, TensorMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-mod support;
+use crate::support;
 use support::contract::RowFacts;
 use support::harness::{assert_tensors_against_reference, Layout};
 use support::values::SplitMix;

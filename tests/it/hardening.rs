@@ -4,7 +4,7 @@
 
 use sdpa::{Alignment, Error, Operand, Options, Partial, Tensor, TensorMut};
 
-mod support;
+use crate::support;
 use support::contract::{RowAt, RowFacts};
 use support::harness::{assert_tensors_against_reference, assert_views_close_to_reference};
 use support::harness::{Layout, Views};

@@ -7,7 +7,7 @@
 //!   the key);
 //! * empty problems (`n_q = 0`, `batch = 0`, `d_v = 0`) are valid calls.
 
-mod support;
+use crate::support;
 
 use rand::Rng;
 use sdpa::{Alignment, Options, Tensor, TensorMut};

@@ -6,7 +6,7 @@
 //! article's 3-decimal numbers, and agree with the weights and outputs computed here in f64
 //! straight from the formula `softmax(q_i·K / √2) · V`.
 
-mod support;
+use crate::support;
 
 use sdpa::{Alignment, Options};
 use support::harness::{

@@ -1,7 +1,7 @@
 //! Regression tests for what the fuzz targets found (`tests/support/`), each minimized to a
 //! few elements. Every test states the documented behaviour it checks.
 
-mod support;
+use crate::support;
 
 use sdpa::reference;
 use sdpa::{Alignment, Options, Tensor, TensorMut};

@@ -9,7 +9,7 @@
 //! * only `scale · Q` matters: `(c·Q, scale / c)` is the same problem;
 //! * the storage layout does not matter (bit for bit).
 
-mod support;
+use crate::support;
 
 use rand::seq::SliceRandom;
 use sdpa::{Alignment, Options};
