@@ -61,40 +61,128 @@ fn erase_kv<'a, KV: KvElement>(k: &Tensor<'a, KV>, v: &Tensor<'a, KV>) -> AnyKv<
     TensorKv { k: *k, v: *v, map }.erase()
 }
 
-fn at<T: KvElement>(t: &Tensor<'_, T>, index: [usize; 4]) -> f64 {
-    // In range by construction of the loops below and the validated view; exact conversion.
-    t.get(index).expect("index inside validated dims").to_f64()
-}
-
-/// Q's element at `index`.
-fn q_at(q: &AnyTensor<'_>, index: [usize; 4]) -> f64 {
-    match q {
-        AnyTensor::F32(q) => at(q, index),
-        AnyTensor::F16(q) => at(q, index),
-        AnyTensor::Bf16(q) => at(q, index),
-    }
-}
-
-/// A key (`values` false) or value as the call defines it: the stored value, times its scale
-/// for `i8` K/V (exact in f64: an 8-bit integer times an f32 needs 32 significant bits).
-fn kv_at(
+/// Over the channels of Q's row `qi = (b, i, h)` and K's row `kj = (b, j, kv head)` (K as the
+/// call defines it: times its scales for `i8`), in channel order: `Σ q·k`, `Σ |q·k|` and
+/// `Σ (|q| + |k|)`. (One match on the types per row pair, not per element.)
+fn dots(
+    q: &AnyTensor<'_>,
     kv: &AnyKv<'_>,
-    values: bool,
     scales: Option<Broadcast<'_, f32>>,
-    index: [usize; 4],
-) -> f64 {
-    macro_rules! side {
-        ($kv:expr) => {
-            at(if values { &$kv.v } else { &$kv.k }, index)
+    (qi, kj): ([usize; 3], [usize; 3]),
+) -> [f64; 3] {
+    macro_rules! with_q {
+        ($q:expr) => {
+            match kv {
+                AnyKv::F32(kv) => typed_dots($q, &kv.k, scales, qi, kj),
+                AnyKv::F16(kv) => typed_dots($q, &kv.k, scales, qi, kj),
+                AnyKv::Bf16(kv) => typed_dots($q, &kv.k, scales, qi, kj),
+                AnyKv::I8(kv) => typed_dots($q, &kv.k, scales, qi, kj),
+            }
         };
     }
-    let x = match kv {
-        AnyKv::F32(kv) => side!(kv),
-        AnyKv::F16(kv) => side!(kv),
-        AnyKv::Bf16(kv) => side!(kv),
-        AnyKv::I8(kv) => side!(kv),
-    };
-    x * scales.map_or(1.0, |s| f64::from(s.at(index)))
+    match q {
+        AnyTensor::F32(q) => with_q!(q),
+        AnyTensor::F16(q) => with_q!(q),
+        AnyTensor::Bf16(q) => with_q!(q),
+    }
+}
+
+/// [`dots`] of one pair of types.
+fn typed_dots<Q: KvElement, K: KvElement>(
+    q: &Tensor<'_, Q>,
+    k: &Tensor<'_, K>,
+    scales: Option<Broadcast<'_, f32>>,
+    [b, i, h]: [usize; 3],
+    [_, j, hk]: [usize; 3],
+) -> [f64; 3] {
+    let (qs, ks) = (q.strides(), k.strides());
+    let (qd, kd) = (q.data(), k.data());
+    // Rows inside the validated views (indices inside their dims).
+    let (qb, kb) = (
+        b * qs[0] + i * qs[1] + h * qs[2],
+        b * ks[0] + j * ks[1] + hk * ks[2],
+    );
+    let (mut dot, mut abs, mut norms) = (0.0, 0.0, 0.0);
+    for c in 0..q.dims()[3] {
+        let qc = qd[qb + c * qs[3]].to_f64();
+        let mut kc = kd[kb + c * ks[3]].to_f64();
+        if let Some(s) = scales {
+            kc *= f64::from(s.at([b, j, hk, c]));
+        }
+        let x = qc * kc;
+        dot += x;
+        abs += x.abs();
+        norms += qc.abs() + kc.abs();
+    }
+    [dot, abs, norms]
+}
+
+/// V's channel `c` of kv head `hk` of batch `b` weighed by `weights[j]` over the keys `j` with
+/// `seen[j]`, in key order: `Σ_j w_j·v_jc` (V times its scales for `i8`).
+fn weighted_sum(
+    kv: &AnyKv<'_>,
+    scales: Option<Broadcast<'_, f32>>,
+    [b, hk, c]: [usize; 3],
+    weights: &[f64],
+    seen: &[bool],
+) -> f64 {
+    fn typed<T: KvElement>(
+        v: &Tensor<'_, T>,
+        scales: Option<Broadcast<'_, f32>>,
+        [b, hk, c]: [usize; 3],
+        weights: &[f64],
+        seen: &[bool],
+    ) -> f64 {
+        let st = v.strides();
+        let (data, base) = (v.data(), b * st[0] + hk * st[2] + c * st[3]);
+        let mut acc = 0.0;
+        for (j, (&w, _)) in weights
+            .iter()
+            .zip(seen)
+            .enumerate()
+            .filter(|(_, (_, &s))| s)
+        {
+            let mut x = data[base + j * st[1]].to_f64();
+            if let Some(s) = scales {
+                x *= f64::from(s.at([b, j, hk, c]));
+            }
+            acc += w * x;
+        }
+        acc
+    }
+    match kv {
+        AnyKv::F32(kv) => typed(&kv.v, scales, [b, hk, c], weights, seen),
+        AnyKv::F16(kv) => typed(&kv.v, scales, [b, hk, c], weights, seen),
+        AnyKv::Bf16(kv) => typed(&kv.v, scales, [b, hk, c], weights, seen),
+        AnyKv::I8(kv) => typed(&kv.v, scales, [b, hk, c], weights, seen),
+    }
+}
+
+/// The largest `|v|` of V's row `(b, j, kv head)` (times its scales for `i8`).
+fn value_max(kv: &AnyKv<'_>, scales: Option<Broadcast<'_, f32>>, at: [usize; 3]) -> f64 {
+    fn typed<T: KvElement>(
+        v: &Tensor<'_, T>,
+        scales: Option<Broadcast<'_, f32>>,
+        [b, j, hk]: [usize; 3],
+    ) -> f64 {
+        let st = v.strides();
+        let (data, base) = (v.data(), b * st[0] + j * st[1] + hk * st[2]);
+        let mut max = 0.0f64;
+        for c in 0..v.dims()[3] {
+            let mut x = data[base + c * st[3]].to_f64();
+            if let Some(s) = scales {
+                x *= f64::from(s.at([b, j, hk, c]));
+            }
+            max = max.max(x.abs());
+        }
+        max
+    }
+    match kv {
+        AnyKv::F32(kv) => typed(&kv.v, scales, at),
+        AnyKv::F16(kv) => typed(&kv.v, scales, at),
+        AnyKv::Bf16(kv) => typed(&kv.v, scales, at),
+        AnyKv::I8(kv) => typed(&kv.v, scales, at),
+    }
 }
 
 /// Writes `x` to `out[index]`, rounded to the output's type.
@@ -133,17 +221,21 @@ fn run(
     let mut scores = Vec::new();
     scores.try_reserve_exact(len).map_err(|_| too_large)?;
     scores.resize(len, 0.0f64);
+    // Which keys a row sees (no larger than a row of the score matrix).
+    let mut seen = Vec::new();
+    seen.try_reserve_exact(p.n_kv)
+        .map_err(|_| Error::ScoreMatrixTooLarge {
+            n_q: p.n_q,
+            n_kv: p.n_kv,
+        })?;
+    seen.resize(p.n_kv, false);
     for b in 0..p.batch {
         for h in 0..p.heads {
             let hk = p.kv_head(h);
             // 1. Scores.
             for i in 0..p.n_q {
                 for j in 0..p.n_kv {
-                    let dot: f64 = (0..p.d_k)
-                        .map(|c| {
-                            q_at(&q, [b, i, h, c]) * kv_at(&kv, false, k_scales, [b, j, hk, c])
-                        })
-                        .sum();
+                    let [dot, ..] = dots(&q, &kv, k_scales, ([b, i, h], [b, j, hk]));
                     scores[i * p.n_kv + j] = scale * dot;
                 }
             }
@@ -209,14 +301,13 @@ fn run(
                     sum += *s;
                 }
                 // 5. Weighted sum over the visible keys.
+                for (j, s) in seen.iter_mut().enumerate() {
+                    *s = visible(i, j);
+                }
                 for c in 0..p.d_v {
                     let mut acc = 0.0;
                     if visible_any {
-                        for (j, &w) in row.iter().enumerate() {
-                            if visible(i, j) {
-                                acc += w * kv_at(&kv, true, v_scales, [b, j, hk, c]);
-                            }
-                        }
+                        acc = weighted_sum(&kv, v_scales, [b, hk, c], row, &seen);
                         acc /= sum;
                     }
                     write(&mut out, [b, i, h, c], acc as f32);
@@ -397,15 +488,7 @@ fn bounds(
                     if p.mask.as_ref().is_some_and(|m| !m.at([b, i, h, j])) {
                         continue;
                     }
-                    let (mut dot, mut abs, mut norms) = (0.0, 0.0, 0.0);
-                    for c in 0..p.d_k {
-                        let qc = q_at(&q, [b, i, h, c]);
-                        let kc = kv_at(&kv, false, k_scales, [b, j, hk, c]);
-                        let x = qc * kc;
-                        dot += x;
-                        abs += x.abs();
-                        norms += qc.abs() + kc.abs();
-                    }
+                    let [dot, abs, norms] = dots(&q, &kv, k_scales, ([b, i, h], [b, j, hk]));
                     let mut s = f64::from(p.scale) * dot;
                     let mut e = gamma(p.d_k + 2 + dequantized) * scale * abs;
                     if p.bf16_products {
@@ -444,9 +527,7 @@ fn bounds(
                     n += 1;
                     s_max = s_max.max(s);
                     worst = worst.max(e + 2.0 * U * s.abs());
-                    for c in 0..p.d_v {
-                        v_max = v_max.max(kv_at(&kv, true, v_scales, [b, j, hk, c]).abs());
-                    }
+                    v_max = v_max.max(value_max(&kv, v_scales, [b, j, hk]));
                 }
                 let mut delta = if n > 0 {
                     worst + 2.0 * U * s_max.abs()
