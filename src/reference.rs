@@ -118,7 +118,8 @@ fn typed_dots<Q: KvElement, K: KvElement>(
 }
 
 /// V's channel `c` of kv head `hk` of batch `b` weighed by `weights[j]` over the keys `j` with
-/// `seen[j]`, in key order: `Σ_j w_j·v_jc` (V times its scales for `i8`).
+/// `seen[j]`, in key order: `Σ_j w_j·v_jc` (V times its scales for `i8`). Called for channels
+/// that exist only, so V's view is not empty.
 fn weighted_sum(
     kv: &AnyKv<'_>,
     scales: Option<Broadcast<'_, f32>>,
@@ -165,6 +166,11 @@ fn value_max(kv: &AnyKv<'_>, scales: Option<Broadcast<'_, f32>>, at: [usize; 3])
         scales: Option<Broadcast<'_, f32>>,
         [b, j, hk]: [usize; 3],
     ) -> f64 {
+        if v.dims()[3] == 0 {
+            // An empty view: its strides may be anything, even overflowing once multiplied,
+            // so no offset is formed.
+            return 0.0;
+        }
         let st = v.strides();
         let (data, base) = (v.data(), b * st[0] + j * st[1] + hk * st[2]);
         let mut max = 0.0f64;
