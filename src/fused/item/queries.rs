@@ -23,50 +23,42 @@ pub(super) fn pack_queries<S: Simd>(
     qt: &mut [f32],
 ) {
     let (problem, group) = (cx.problem, cx.blocking.group);
-    let pack = PackQueries {
-        problem,
-        group,
-        item,
-        t,
-        qt,
-        q: (),
-    };
     match *q {
-        AnyTensor::F32(q) => s.run(pack.of(q)),
-        AnyTensor::F16(q) => s.run(pack.of(q)),
-        AnyTensor::Bf16(q) => s.run(pack.of(q)),
-    }
-}
-
-/// [`pack_queries`] of one Q type, as a [`Kernel`].
-pub(super) struct PackQueries<'a, Q = ()> {
-    problem: &'a Problem<'a>,
-    group: usize,
-    item: &'a Item,
-    t: &'a Tiles,
-    qt: &'a mut [f32],
-    q: Q,
-}
-
-impl<'a> PackQueries<'a> {
-    fn of<Q>(self, q: Q) -> PackQueries<'a, Q> {
-        let PackQueries {
-            problem,
-            group,
-            item,
-            t,
-            qt,
-            ..
-        } = self;
-        PackQueries {
+        AnyTensor::F32(q) => s.run(PackQueries {
             problem,
             group,
             item,
             t,
             qt,
             q,
-        }
+        }),
+        AnyTensor::F16(q) => s.run(PackQueries {
+            problem,
+            group,
+            item,
+            t,
+            qt,
+            q,
+        }),
+        AnyTensor::Bf16(q) => s.run(PackQueries {
+            problem,
+            group,
+            item,
+            t,
+            qt,
+            q,
+        }),
     }
+}
+
+/// [`pack_queries`] of one Q type, as a [`Kernel`].
+pub(super) struct PackQueries<'a, Q> {
+    problem: &'a Problem<'a>,
+    group: usize,
+    item: &'a Item,
+    t: &'a Tiles,
+    qt: &'a mut [f32],
+    q: Q,
 }
 
 impl<Q: Element + Lanes> Kernel for PackQueries<'_, Tensor<'_, Q>> {
