@@ -105,6 +105,7 @@ pub use error::{Dim, Error, Operand};
 pub use half;
 pub use kv_cache::{PackedKv, PagedKv, VarlenKv};
 pub use merge::{merge_partials, Partial};
+pub use microkernel::amx::amx_available;
 pub use microkernel::dpbf16::bf16_products_available;
 pub use options::{alibi_slopes, Alignment, Options};
 pub use simd::{backend, Backend};

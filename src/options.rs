@@ -236,8 +236,11 @@ impl<'a> Options<'a> {
     /// output accumulator stay f32, and bf16 subnormals (below 2⁻¹²⁶) count as zero. The error
     /// bound ([`reference::error_bounds`](crate::reference::error_bounds) with the same
     /// options) grows by about 2⁻⁸ of the largest value. Results stay identical for any thread
-    /// count on one machine, but differ between CPUs with and without the instruction. Decode
-    /// (few query rows per kv head) takes it too, reading the cache's bf16 rows as stored,
+    /// count on one machine, but differ between CPUs with and without the instruction. On CPUs
+    /// with AMX (AMX-BF16, and Linux granting the tile state) prefill's products run on the
+    /// tiles, `tdpbf16ps`, with the same operands and bound
+    /// ([`amx_available`](crate::amx_available); `SDPA_AMX=off` turns them off). Decode
+    /// (few query rows per kv head) takes the bf16 dot products, reading the cache's bf16 rows as stored,
     /// dense or paged (keys whose channels are not adjacent are converted and take f32
     /// products; the bound covers both). The option changes nothing for other element types
     /// (an f32 value beyond bf16's range would round to ±∞) and on CPUs or backends without the

@@ -428,7 +428,9 @@ fn gamma(n: usize) -> f64 {
 ///    weights multiplies each by a factor within `1 ± u_b` in the numerator only, so step 3
 ///    runs with `θ_b = (1 + θ)(1 + u_b) − 1`; flushed weights, values and products add
 ///    `ν · (n(2‖v‖ + 4) + 2)` (the sums stay divided by `l ≥ 1`); the convex-combination cap
-///    grows by `2u_b · max‖v‖`.
+///    grows by `2u_b · max‖v‖`. On AMX tiles the same operands are summed in the tiles' order
+///    (even and odd products apart, then added to the accumulator): the `γ` terms above hold
+///    for any order.
 ///
 /// So `out ≤ max‖v‖ · min(2θ/(1−θ) + 2γ_n + 2u, 2 + 4u) + (3n + 66)·η` (the `min`'s second
 /// term: both results are convex combinations of the values, whatever the weights; it takes

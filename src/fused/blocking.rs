@@ -46,6 +46,7 @@
 //! a large L2 gives that difference up for the 512 KiB target.
 
 use crate::error::Error;
+use crate::microkernel::amx::{tile_engine, TileEngine};
 use crate::microkernel::dpbf16::{self, bf16_dot, Bf16Dot};
 use crate::problem::Problem;
 use crate::simd::Geometry;
@@ -53,6 +54,9 @@ use crate::simd::Geometry;
 /// Stacked query rows per work item the model aims for: whole output tiles (6 or 12 rows) and
 /// score panels (16 or 32 rows) on every backend.
 const TARGET_ROWS: usize = 96;
+/// f32 columns of an AMX accumulator tile (64 bytes): O's rows and Sᵀ's are padded to it when
+/// the products run on tiles.
+pub(crate) const TILE_COLUMNS: usize = 16;
 /// Most keys per block; beyond ~200 the per-block overheads are already below 1%.
 const MAX_KV_BLOCK: usize = 192;
 /// Fewest keys per block, so per-block work stays amortized even for huge head sizes.
@@ -98,6 +102,10 @@ pub(crate) struct Blocking {
     /// ([`Options::bf16_products`](crate::Options::bf16_products), a CPU and backend that
     /// have them); `None`: f32 products.
     pub pairs: Option<Bf16Dot>,
+    /// The tile engine, when prefill's bf16 products run on AMX tiles ([`tile_engine`]: bf16
+    /// products, the transposed score tile, a process that has the tiles); then O's rows
+    /// (`d_v_pad`) and Sᵀ's (`ld_s`) are whole tiles of 16 f32 columns too.
+    pub tiles: Option<TileEngine>,
 }
 
 impl Blocking {
@@ -123,10 +131,20 @@ impl Blocking {
         } else {
             1
         };
+        let tiles = tile_engine().filter(|_| {
+            problem.bf16_products
+                && !by_channels(head_rows, geometry)
+                && matches!(geometry.lanes, 8 | 16) // panels of whole tiles
+        });
+        let columns = if tiles.is_some() {
+            TILE_COLUMNS
+        } else {
+            geometry.lanes
+        };
         let d_v_pad = problem
             .d_v
-            .div_ceil(geometry.lanes)
-            .checked_mul(geometry.lanes)
+            .div_ceil(columns)
+            .checked_mul(columns)
             .ok_or(too_large.clone())?;
         let panel = 2 * geometry.lanes;
         let max_rows = (q_rows * group * heads).div_ceil(panel) * panel;
@@ -172,6 +190,7 @@ impl Blocking {
             d_v_pad,
             geometry,
             pairs,
+            tiles,
         })
     }
 
@@ -204,6 +223,12 @@ impl Blocking {
     /// Rows of one score panel: two vectors.
     pub fn panel(&self) -> usize {
         2 * self.geometry.lanes
+    }
+
+    /// Key pairs of a block as the output tiles take them: `⌈kv_block / 2⌉` rounded up to whole
+    /// tile steps (the rows of the tiles' V pairs, the row length of their weights).
+    pub fn tile_pairs(&self) -> usize {
+        self.kv_block.div_ceil(2).div_ceil(TILE_COLUMNS) * TILE_COLUMNS
     }
 
     /// The most stacked rows an item can have, rounded up to whole score panels: the row

@@ -6,7 +6,7 @@
 //! it and [`Scratch::bytes`] adds it up (the memory bench and `scratch_bytes_per_thread` report
 //! that figure).
 
-use super::blocking::Blocking;
+use super::blocking::{Blocking, TILE_COLUMNS};
 use crate::error::Error;
 use std::sync::Mutex;
 
@@ -66,8 +66,12 @@ pub(crate) struct PairBuffers {
     pub k: Aligned,
     /// The V block by key pairs, `⌈kv_block / 2⌉ × d_v_pad` words.
     pub v: Aligned,
-    /// Pᵀ by key pairs, `⌈kv_block / 2⌉ × rows` words.
+    /// Pᵀ by key pairs, `⌈kv_block / 2⌉ × rows` words; on AMX tiles P by key pairs,
+    /// `rows × tile_pairs` words ([`Blocking::tile_pairs`], also the row count of `v`).
     pub p: Aligned,
+    /// AMX tiles: the K pairs of a block of fewer keys than a tile's 16 rows, zero-padded to
+    /// 16 rows (empty otherwise).
+    pub stage: Aligned,
 }
 
 /// Everything one worker needs to run work items.
@@ -158,10 +162,16 @@ impl Buffer {
 impl Scratch {
     /// The buffers [`Scratch::try_new`] allocates, in its order; `None` where a length
     /// overflows. `pack_k`: the K source converts or packs key rows.
-    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 21] {
+    fn buffers(b: &Blocking, pack_k: bool) -> [Buffer; 22] {
         let rows = b.max_panel_rows();
-        let (d2, kv_pairs) = (b.d_k.div_ceil(2), b.kv_block.div_ceil(2));
-        let pair = |len: Option<usize>| if b.pairs.is_some() { len } else { Some(0) };
+        let d2 = b.d_k.div_ceil(2);
+        let kv_pairs = if b.tiles.is_some() {
+            b.tile_pairs()
+        } else {
+            b.kv_block.div_ceil(2)
+        };
+        let paired = b.pairs.is_some() || b.tiles.is_some();
+        let pair = |len: Option<usize>| if paired { len } else { Some(0) };
         let f32s = |len: Option<usize>| Buffer { len, elem: 4 };
         let words = |len: Option<usize>| Buffer {
             len,
@@ -201,6 +211,11 @@ impl Scratch {
             })), // pairs.k
             f32s(pair(kv_pairs.checked_mul(b.d_v_pad))), // pairs.v
             f32s(pair(kv_pairs.checked_mul(rows))), // pairs.p
+            f32s(if b.tiles.is_some() {
+                d2.checked_mul(TILE_COLUMNS)
+            } else {
+                Some(0)
+            }), // pairs.stage
         ]
     }
 
@@ -229,7 +244,7 @@ impl Scratch {
         fn aligned(buf: &Buffer) -> Option<Aligned> {
             Aligned::try_zeroed(buf.len?)
         }
-        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, v_panel, k, v, v_row, non_finite, scales, pair_qt, pair_k, pair_v, pair_p] =
+        let [qt, st, o, m, l, alpha, block_max, lo, hi, alibi_dist, alibi_slope, v_panel, k, v, v_row, non_finite, scales, pair_qt, pair_k, pair_v, pair_p, pair_stage] =
             Self::buffers(b, pack_k);
         // A list of block keys: allocated with its capacity, used from empty.
         let mut non_finite: Vec<usize> = zeroed(&non_finite)?;
@@ -262,6 +277,7 @@ impl Scratch {
                 k: aligned(&pair_k)?,
                 v: aligned(&pair_v)?,
                 p: aligned(&pair_p)?,
+                stage: aligned(&pair_stage)?,
             },
             tiles: 0,
         })

@@ -34,6 +34,7 @@
 //! [`Options::bf16_products`](crate::Options::bf16_products)): tiles of intrinsics rather than
 //! of [`Simd`] lanes, the one per-ISA code above the lanes.
 
+pub(crate) mod amx;
 pub(crate) mod dpbf16;
 
 use crate::simd::{Lanes, RowStream, Simd};

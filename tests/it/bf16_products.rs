@@ -243,11 +243,21 @@ fn run(threads: usize, q: &[bf16], k: &[bf16], v: &[bf16], s: Shape, on: bool) -
 #[test]
 fn the_path_runs_where_available_and_is_deterministic() {
     for s in [SHAPES[2], DECODE_SHAPES[0], DECODE_SHAPES[1]] {
-        runs_where_available_and_is_deterministic(s);
+        // Rows by channels (decode: at most half a vector of rows per kv head) take the bf16
+        // dot products; more rows, AMX tiles where `amx_available` (also the software model,
+        // `SDPA_AMX=model`), else the dot products too.
+        let lanes = if sdpa::backend() == sdpa::Backend::Avx512 {
+            16
+        } else {
+            8
+        };
+        let by_channels = s.n_q * s.h / s.h_kv <= lanes / 2;
+        let available = sdpa::bf16_products_available() || (!by_channels && sdpa::amx_available());
+        runs_where_available_and_is_deterministic(s, available);
     }
 }
 
-fn runs_where_available_and_is_deterministic(s: Shape) {
+fn runs_where_available_and_is_deterministic(s: Shape, available: bool) {
     let q = to::<bf16>(&values(s.b * s.n_q * s.h * s.d_k, 11, 1.0));
     let k = to::<bf16>(&values(s.b * s.n_kv * s.h_kv * s.d_k, 12, 1.0));
     let v = to::<bf16>(&values(s.b * s.n_kv * s.h_kv * s.d_v, 13, 1.0));
@@ -263,9 +273,9 @@ fn runs_where_available_and_is_deterministic(s: Shape) {
     assert_eq!(bits(&one), bits(&two), "1 vs 2 threads");
     assert_eq!(bits(&one), bits(&three), "1 vs 3 threads");
     // The weights rounded to bf16 change the results (by far less than the bound, checked
-    // above), unless the CPU has no bf16 dot products.
+    // above), unless the CPU has no bf16 dot products (or tiles).
     let differ = one.iter().zip(&f32_out).filter(|(a, b)| a != b).count();
-    if sdpa::bf16_products_available() {
+    if available {
         assert!(
             differ > one.len() / 2,
             "only {differ} of {} differ",

@@ -23,6 +23,9 @@
 //!                              that see them
 //! ```
 //!
+//! With bf16 products on AMX tiles (prefill, [`Blocking::tiles`](crate::fused::blocking::Blocking::tiles))
+//! the block loop is [`tiled`]'s: the same stages, both products on tiles.
+//!
 //! [`work`] holds what the stages share (the item, its tile geometry), [`shapes`] the tile
 //! shapes each backend's registers allow. Every stage is generic over the backend's lanes;
 //! only [`queries`] knows Q's type, and the block loop is compiled once per backend and K/V
@@ -43,11 +46,16 @@ mod ranges;
 mod scores;
 mod shapes;
 mod softmax;
+mod tiled;
 mod values;
 mod work;
 
+use crate::fused::blocking::TILE_COLUMNS;
 use crate::fused::kv::{KeyRange, KvSource};
 use crate::fused::scratch::{KvBuffers, Scratch};
+#[cfg(target_arch = "x86_64")]
+use crate::microkernel::amx::hardware::Hardware;
+use crate::microkernel::amx::{model::Model, unit::Unit, TileEngine};
 use crate::simd::{Kernel, Simd};
 use crate::tensor::AnyTensor;
 use half::{bf16, f16};
@@ -59,6 +67,7 @@ use queries::{pack_queries, pair_queries};
 use ranges::{all_rows_see, panel_keys, visible_ranges, Block};
 use scores::{head_scores, scores, BlockKeys};
 use softmax::{softmax_update, PairedSoftmax};
+use tiled::TiledLoop;
 use values::{add_non_finite_values, all_finite, load_values};
 use work::{next_block, IntRows, Tiles};
 pub(crate) use work::{Ctx, Item};
@@ -80,9 +89,15 @@ pub(crate) fn stream_item<S: Simd, KV: KvSource>(
     if rows == 0 {
         return; // a query block past its sequence's end (packed batches)
     }
+    // On AMX tiles Sᵀ's rows are whole tiles of 16 columns (a whole number of vectors).
+    let columns = if bl.tiles.is_some() {
+        TILE_COLUMNS
+    } else {
+        S::LANES
+    };
     let mut t = Tiles {
         rows,
-        ld_s: rows.div_ceil(S::LANES) * S::LANES,
+        ld_s: rows.div_ceil(columns) * columns,
         d_k: cx.problem.d_k,
         d_v: cx.problem.d_v,
         d_vp: bl.d_v_pad,
@@ -91,12 +106,45 @@ pub(crate) fn stream_item<S: Simd, KV: KvSource>(
         int_values: IntRows::Dequantized,
     };
     pack_queries(s, cx, q, item, &t, &mut sc.tile.qt);
-    if let Some(bf) = bl.pairs {
+    if let (Some(bf), None) = (bl.pairs, bl.tiles) {
         pair_queries(bf, &t, &sc.tile.qt, &mut sc.pairs.qt);
     }
     let Some((first, last)) = visible_ranges(cx, item, &t, &mut sc.tile) else {
         return;
     };
+    // bf16 products on AMX tiles (prefill; bf16 K/V, which the constant keeps the other
+    // sources' kernels free of). The unit releases the tiles when the item ends.
+    if let (Some(engine), true) = (bl.tiles, KV::BF16) {
+        let keys = (first, last);
+        match engine {
+            #[cfg(target_arch = "x86_64")]
+            TileEngine::Hardware(amx) => {
+                let unit = &mut Unit::new(Hardware(amx));
+                TiledLoop {
+                    cx,
+                    item,
+                    t,
+                    keys,
+                    sc,
+                    unit,
+                }
+                .start(s);
+            }
+            TileEngine::Model => {
+                let unit = &mut Unit::new(Model::default());
+                TiledLoop {
+                    cx,
+                    item,
+                    t,
+                    keys,
+                    sc,
+                    unit,
+                }
+                .start(s);
+            }
+        }
+        return;
+    }
     // The K block buffer, unused when keys are read in place, holds the factors then.
     if KV::I8 && t.by_channels && t.ld_s <= t.d_k {
         plan_int_rows(s, cx, q, item, &mut t, first, &mut sc.tile.qt);
