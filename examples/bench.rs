@@ -24,7 +24,10 @@
 //! VM, where a busy neighbour on the same physical core slows both alike, that ratio moves far
 //! less than either figure. Where the CPU has AVX512_BF16 it also carries `peak_bf16_gflops`:
 //! the same kind of burst of 512-bit `vdpbf16ps` (bf16 pairs multiplied and summed into f32),
-//! measured once, for comparison with the f32 FMA peak.
+//! measured once, for comparison with the f32 FMA peak. Where sdpa runs AMX tiles
+//! (`sdpa::amx_available()`, the hardware) it carries `peak_amx_gflops`, a burst of `tdpbf16ps`
+//! on tile registers (four independent accumulators), and, with `--bf16-products`,
+//! `pct_amx_peak`: the call's GFLOP/s over it (the tile kernel's share of the tile peak).
 
 use sdpa::half::{bf16, f16};
 use sdpa::{Alignment, Element, KvElement, Options, Tensor, TensorMut};
@@ -275,8 +278,14 @@ fn main() {
         String::new()
     } else {
         // The bf16 dot-product rate, where the CPU has it, for comparison with the f32 peak.
-        let bf16 = peak::bf16_gflops(&pool, 0.02)
+        let mut bf16 = peak::bf16_gflops(&pool, 0.02)
             .map_or(String::new(), |g| format!(", \"peak_bf16_gflops\": {g:.1}"));
+        if let Some(g) = peak::amx_gflops(&pool, 0.02) {
+            bf16 += &format!(", \"peak_amx_gflops\": {g:.1}");
+            if a.bf16_products {
+                bf16 += &format!(", \"pct_amx_peak\": {:.1}", 100.0 * flops / s / 1e9 / g);
+            }
+        }
         format!(
             ", \"peak_gflops\": {:.1}, \"pct_peak\": {:.1}{bf16}",
             median(&mut peaks),
@@ -372,6 +381,71 @@ mod peak {
     #[cfg(not(target_arch = "x86_64"))]
     fn bf16_burst(_seconds: f64) -> Option<f64> {
         None
+    }
+
+    /// GFLOP/s (two per multiply-add) of all the pool's threads running `tdpbf16ps` on tile
+    /// registers for about `seconds`, where sdpa runs AMX tiles on the hardware (not its
+    /// software model, `SDPA_AMX=model`), else `None`.
+    pub fn amx_gflops(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
+        let model = std::env::var("SDPA_AMX").is_ok_and(|v| v == "model");
+        if model || !sdpa::amx_available() {
+            return None;
+        }
+        let per_thread = pool.broadcast(|_| amx_burst(seconds));
+        per_thread.into_iter().sum()
+    }
+
+    /// One thread's `tdpbf16ps` rate: 4 per step, each 16 × 16 × 32 multiply-adds.
+    #[cfg(target_arch = "x86_64")]
+    fn amx_burst(seconds: f64) -> Option<f64> {
+        // SAFETY: `amx_available()` held (the caller), with the hardware: the CPU has AMX-TILE
+        // and AMX-BF16 and sdpa obtained Linux's permission for the tile state for this process.
+        let run = |steps| unsafe { tile_body(steps) };
+        Some(rate(run, seconds, 4 * 16 * 16 * 32 * 2))
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn amx_burst(_seconds: f64) -> Option<f64> {
+        None
+    }
+
+    /// `steps` × four `tdpbf16ps` into four independent accumulators (tiles 0–3) from zeroed
+    /// A (4, 5) and B (6, 7) tiles, all 16 rows × 64 bytes. Safety: AMX-TILE and AMX-BF16, with
+    /// the process's permission for the tile state.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn tile_body(steps: u64) -> f32 {
+        // ldtilecfg's operand: palette 1, then 16 two-byte row sizes and 16 row counts.
+        #[repr(C, align(64))]
+        struct Config([u8; 64]);
+        let mut cfg = Config([0; 64]);
+        cfg.0[0] = 1;
+        for t in 0..8 {
+            cfg.0[16 + 2 * t] = 64;
+            cfg.0[48 + t] = 16;
+        }
+        let steps = steps.max(1);
+        // SAFETY: the caller's contract; the configuration is valid (8 tiles of 16 × 64
+        // bytes), the tiles are registers only, and the tile state is released before
+        // returning.
+        unsafe {
+            std::arch::asm!(
+                "ldtilecfg [{cfg}]",
+                "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+                "tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7",
+                "2:",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "dec {n}",
+                "jnz 2b",
+                "tilerelease",
+                cfg = in(reg) &cfg,
+                n = inout(reg) steps => _,
+                options(nostack, readonly)
+            );
+        }
+        0.0
     }
 
     /// Independent FMA chains per loop step: enough to cover the FMA latency (4 cycles) on two
