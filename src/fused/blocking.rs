@@ -131,10 +131,18 @@ impl Blocking {
         } else {
             1
         };
+        // (Without the CPU's bf16 conversion, i.e. the software model on a CPU without
+        // AVX512_BF16, only on 8 lanes: the tiled loop is not compiled for AVX-512 alone.)
+        let pairs =
+            if problem.bf16_products && (geometry.lanes, geometry.tile) == (16, dpbf16::TILE) {
+                bf16_dot()
+            } else {
+                None
+            };
         let tiles = tile_engine().filter(|_| {
             problem.bf16_products
                 && !by_channels(head_rows, geometry)
-                && matches!(geometry.lanes, 8 | 16) // panels of whole tiles
+                && (pairs.is_some() || geometry.lanes == 8)
         });
         let columns = if tiles.is_some() {
             TILE_COLUMNS
@@ -175,12 +183,6 @@ impl Blocking {
             (L2_BUDGET_BYTES / bytes_per_key / KV_STEP * KV_STEP).clamp(MIN_KV_BLOCK, MAX_KV_BLOCK)
         };
         debug_assert_eq!(kv_block % geometry.tile, 0);
-        let pairs =
-            if problem.bf16_products && (geometry.lanes, geometry.tile) == (16, dpbf16::TILE) {
-                bf16_dot()
-            } else {
-                None
-            };
         Ok(Blocking {
             q_rows,
             group,

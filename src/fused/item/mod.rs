@@ -53,9 +53,6 @@ mod work;
 use crate::fused::blocking::TILE_COLUMNS;
 use crate::fused::kv::{KeyRange, KvSource};
 use crate::fused::scratch::{KvBuffers, Scratch};
-#[cfg(target_arch = "x86_64")]
-use crate::microkernel::amx::hardware::Hardware;
-use crate::microkernel::amx::{model::Model, unit::Unit, TileEngine};
 use crate::simd::{Kernel, Simd};
 use crate::tensor::AnyTensor;
 use half::{bf16, f16};
@@ -116,33 +113,16 @@ pub(crate) fn stream_item<S: Simd, KV: KvSource>(
     // sources' kernels free of). The unit releases the tiles when the item ends.
     if let (Some(engine), true) = (bl.tiles, KV::BF16) {
         let keys = (first, last);
-        match engine {
-            #[cfg(target_arch = "x86_64")]
-            TileEngine::Hardware(amx) => {
-                let unit = &mut Unit::new(Hardware(amx));
-                TiledLoop {
-                    cx,
-                    item,
-                    t,
-                    keys,
-                    sc,
-                    unit,
-                }
-                .start(s);
-            }
-            TileEngine::Model => {
-                let unit = &mut Unit::new(Model::default());
-                TiledLoop {
-                    cx,
-                    item,
-                    t,
-                    keys,
-                    sc,
-                    unit,
-                }
-                .start(s);
-            }
+        let unit = &mut engine.unit();
+        TiledLoop {
+            cx,
+            item,
+            t,
+            keys,
+            sc,
+            unit,
         }
+        .start(s);
         return;
     }
     // The K block buffer, unused when keys are read in place, holds the factors then.

@@ -39,6 +39,7 @@ use crate::microkernel::amx::kernels::{
     config, output_rows, pair_step, scores_panel, OutputGroup, ScorePanel, EDGE, MAX_STEP,
 };
 use crate::microkernel::amx::unit::{TileOps, Unit};
+use crate::microkernel::amx::Dispatch;
 use crate::microkernel::dpbf16::{Bf16Dot, PairKeys, Pairable};
 use crate::simd::{Kernel, Lanes, Simd};
 use half::bf16;
@@ -102,28 +103,35 @@ impl Pairing {
 
 /// The key-block loop of one prefill item on tiles, run through the lanes' entry point (with
 /// BF16 enabled too where the CPU has it, so that the pairing compiles into its loops).
-pub(super) struct TiledLoop<'a, 'c, KV, O: TileOps> {
+pub(super) struct TiledLoop<'a, 'c, KV> {
     pub(super) cx: &'a Ctx<'c, KV>,
     pub(super) item: &'a Item,
     pub(super) t: Tiles,
     pub(super) keys: (usize, usize),
     pub(super) sc: &'a mut Scratch,
-    pub(super) unit: &'a mut Unit<O>,
+    pub(super) unit: &'a mut Unit<Dispatch>,
 }
 
-impl<KV: KvSource, O: TileOps> TiledLoop<'_, '_, KV, O> {
-    /// Runs the loop on `s`'s lanes, or on the AVX-512 lanes with BF16 where the blocking
-    /// pairs with the CPU's conversion.
+impl<KV: KvSource> TiledLoop<'_, '_, KV> {
+    /// Runs the loop on the AVX-512 lanes with BF16 where the blocking pairs with the CPU's
+    /// conversion (the hardware, or the model on such a CPU), else (the model elsewhere) on
+    /// `s`'s lanes, which are then 8 wide ([`Blocking::for_problem`]). So the loop compiles
+    /// once per 8-lane backend and once for AVX-512 with BF16, not for AVX-512 alone.
+    ///
+    /// [`Blocking::for_problem`]: crate::fused::blocking::Blocking::for_problem
     #[inline(always)]
     pub(super) fn start<S: Simd>(self, s: S) {
-        match self.cx.blocking.pairs {
-            Some(bf) => bf.run(self),
-            None => s.run(self),
+        if let Some(bf) = self.cx.blocking.pairs {
+            bf.run(self);
+        } else if S::LANES == 8 {
+            s.run(self);
+        } else {
+            unreachable!("tiles without the CPU's bf16 pairing on 16 lanes");
         }
     }
 }
 
-impl<KV: KvSource, O: TileOps> Kernel for TiledLoop<'_, '_, KV, O> {
+impl<KV: KvSource> Kernel for TiledLoop<'_, '_, KV> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
@@ -140,6 +148,7 @@ impl<KV: KvSource, O: TileOps> Kernel for TiledLoop<'_, '_, KV, O> {
 }
 
 /// The stages of each key block (module docs).
+#[inline(always)]
 fn tiled_loop<S: Simd, KV: KvSource, O: TileOps>(
     s: S,
     cx: &Ctx<'_, KV>,

@@ -37,6 +37,7 @@ pub(crate) mod model;
 pub(crate) mod unit;
 
 use std::sync::OnceLock;
+use unit::{TileConfig, TileOps, Unit};
 
 /// Where the tile products run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +49,65 @@ pub(crate) enum TileEngine {
     Model,
 }
 
+impl TileEngine {
+    /// A tile unit on this engine (nothing configured yet; it releases the tiles when dropped).
+    pub(crate) fn unit(self) -> Unit<Dispatch> {
+        Unit::new(match self {
+            #[cfg(target_arch = "x86_64")]
+            TileEngine::Hardware(amx) => Dispatch::Hardware(hardware::Hardware(amx)),
+            TileEngine::Model => Dispatch::Model(Box::default()),
+        })
+    }
+}
+
+/// The instructions of either engine, chosen per instruction by a match (a branch against an
+/// instruction of 16 cycles or more), so that the kernels compile once, not once per engine.
+pub(crate) enum Dispatch {
+    #[cfg(target_arch = "x86_64")]
+    Hardware(hardware::Hardware),
+    Model(Box<model::Model>),
+}
+
+/// Forwards each instruction to the engine (the same safety contract).
+macro_rules! forward {
+    ($self:ident, $ops:ident => $call:expr) => {
+        match $self {
+            #[cfg(target_arch = "x86_64")]
+            Dispatch::Hardware($ops) => $call,
+            Dispatch::Model($ops) => $call,
+        }
+    };
+}
+
+impl TileOps for Dispatch {
+    unsafe fn configure(&mut self, cfg: &TileConfig) {
+        // SAFETY: the caller's contract, passed on.
+        forward!(self, ops => unsafe { ops.configure(cfg) })
+    }
+    fn release(&mut self) {
+        forward!(self, ops => ops.release())
+    }
+    unsafe fn zero<const T: u8>(&mut self) {
+        // SAFETY: the caller's contract, passed on.
+        forward!(self, ops => unsafe { ops.zero::<T>() })
+    }
+    unsafe fn load<const T: u8>(&mut self, src: *const u8, stride: usize) {
+        // SAFETY: the caller's contract, passed on.
+        forward!(self, ops => unsafe { ops.load::<T>(src, stride) })
+    }
+    unsafe fn store<const T: u8>(&mut self, dst: *mut u8, stride: usize) {
+        // SAFETY: the caller's contract, passed on.
+        forward!(self, ops => unsafe { ops.store::<T>(dst, stride) })
+    }
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: the caller's contract, passed on.
+        forward!(self, ops => unsafe { ops.dpbf16ps::<C, A, B>() })
+    }
+}
+
 /// The tile engine of this process, if bf16 products use tiles: decided once and cached.
-/// `SDPA_AMX=model` selects the software model on any CPU, `SDPA_AMX=off` (or any
+/// `SDPA_AMX=model` selects the software model on any CPU (but one whose AVX-512 backend lacks
+/// AVX512_BF16, where the tiled loop is not compiled), `SDPA_AMX=off` (or any
 /// `SDPA_BACKEND`, which asks for the vector kernels of a backend) none; otherwise the
 /// hardware where [`hardware::Amx::detect`] allows it and the AVX-512 backend runs with
 /// AVX512_BF16.
@@ -59,7 +117,12 @@ pub(crate) fn tile_engine() -> Option<TileEngine> {
         let env = |name| std::env::var(name).ok();
         match env("SDPA_AMX").as_deref() {
             Some("off") => return None,
-            Some("model") => return Some(TileEngine::Model),
+            Some("model") => {
+                // (The tiled loop runs on 8 lanes or on AVX-512 with BF16: see `Blocking`.)
+                let lanes = crate::simd::geometry().lanes;
+                let fits = lanes == 8 || super::dpbf16::bf16_dot().is_some();
+                return fits.then_some(TileEngine::Model);
+            }
             _ => {}
         }
         if env("SDPA_BACKEND").is_some() || cfg!(miri) {
@@ -78,7 +141,8 @@ pub(crate) fn tile_engine() -> Option<TileEngine> {
 /// on AMX tiles in this process: the CPU has AMX-TILE and AMX-BF16 and Linux lets the process
 /// use them, the AVX-512 backend runs with AVX512_BF16, and neither `SDPA_AMX=off` nor any
 /// `SDPA_BACKEND` is set. Also `true` under `SDPA_AMX=model`, which runs the same kernels on a
-/// software model of the instructions (slow; for tests on CPUs without AMX). Decode's few
+/// software model of the instructions (slow; for tests on CPUs without AMX: those with AVX2
+/// or AVX512_BF16). Decode's few
 /// rows per kv head take the bf16 dot products ([`bf16_products_available`]) either way.
 ///
 /// [`bf16_products_available`]: crate::bf16_products_available
