@@ -497,6 +497,11 @@ const char *sdpa_last_error_message(void);
 // and the AVX-512 backend), else 0 (the option is then accepted and changes nothing).
 uint32_t sdpa_bf16_products_available(void);
 
+// 1 where `sdpa_options.bf16_products` runs prefill's products on AMX tiles in this process
+// (a CPU with AMX-BF16 whose OS grants the tile state, the AVX-512 backend with AVX512_BF16,
+// `SDPA_AMX` not `off`; also under `SDPA_AMX=model`, the tiles' software model), else 0.
+uint32_t sdpa_amx_available(void);
+
 // `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).
 uint32_t sdpa_abi_version(void);
 

@@ -190,6 +190,14 @@ pub extern "C" fn sdpa_bf16_products_available() -> u32 {
     u32::from(sdpa::bf16_products_available())
 }
 
+/// 1 where `sdpa_options.bf16_products` runs prefill's products on AMX tiles in this process
+/// (a CPU with AMX-BF16 whose OS grants the tile state, the AVX-512 backend with AVX512_BF16,
+/// `SDPA_AMX` not `off`; also under `SDPA_AMX=model`, the tiles' software model), else 0.
+#[no_mangle]
+pub extern "C" fn sdpa_amx_available() -> u32 {
+    u32::from(sdpa::amx_available())
+}
+
 /// `SDPA_ABI_VERSION` of the library actually linked (compare with the header's).
 #[no_mangle]
 pub extern "C" fn sdpa_abi_version() -> u32 {

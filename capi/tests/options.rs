@@ -583,6 +583,7 @@ fn bf16_products_follow_the_rust_option_and_the_struct_version() {
     // Where the CPU has the instruction the option changes the results (P rounded to bf16).
     let available = sdpa_bf16_products_available();
     assert_eq!(available, u32::from(sdpa::bf16_products_available()));
+    assert_eq!(sdpa_amx_available(), u32::from(sdpa::amx_available()));
     assert_eq!(with != without, available == 1);
     // A caller built against the first version of `sdpa_options` (its size ends at
     // `sinks_len`): the bytes past it — `bf16_products`, nonzero here — are not read.

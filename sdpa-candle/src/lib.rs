@@ -57,7 +57,7 @@ use candle_core::{
 };
 use sdpa::Element;
 
-pub use sdpa::{bf16_products_available, Alignment};
+pub use sdpa::{amx_available, bf16_products_available, Alignment};
 
 /// Attention options and the [`CustomOp3`] that computes `softmax(Q·Kᵀ·scale + mask)·V` on
 /// candle CPU tensors `[batch, heads, seq, dim]`.

@@ -146,6 +146,7 @@ int main(void) {
           sdpa_abi_version(), (unsigned)SDPA_ABI_VERSION);
     CHECK(sdpa_bf16_products_available() <= 1, "bf16 products available: %u",
           sdpa_bf16_products_available());
+    CHECK(sdpa_amx_available() <= 1, "AMX available: %u", sdpa_amx_available());
 
     /* Q: stored [b][h][s][d] with each row padded by QPAD floats and 7 spare floats per batch
      * (a permuted view of a padded buffer). */
