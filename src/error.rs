@@ -40,6 +40,12 @@ pub enum Operand {
     KeyScales,
     /// The scales of 8-bit values ([`Options::kv_scales`](crate::Options::kv_scales)).
     ValueScales,
+    /// A rotary embedding's parameters ([`Rope`](crate::Rope): rotary dimension, base).
+    Rope,
+    /// The positions of the tokens a rotary embedding rotates.
+    Positions,
+    /// A rotary embedding's `cos`/`sin` tables.
+    RopeTables,
 }
 
 impl fmt::Display for Operand {
@@ -61,6 +67,9 @@ impl fmt::Display for Operand {
             Operand::BlockTable => "block table",
             Operand::KeyScales => "key scales",
             Operand::ValueScales => "value scales",
+            Operand::Rope => "rope",
+            Operand::Positions => "positions",
+            Operand::RopeTables => "rope tables",
         })
     }
 }

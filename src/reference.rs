@@ -13,12 +13,15 @@
 //! as `n_q · n_kv`. Rows with no visible key get output 0 and `lse = −∞`; NaN inputs propagate to
 //! every output they touch (a NaN in `v_j` reaches exactly the rows that give key `j` a non-zero
 //! weight).
+//!
+//! [`rope`] is the rotary embedding's definition in the same spirit (f64 throughout).
 
 use crate::element::{Element, KvElement};
 use crate::error::Error;
 use crate::kv_cache::{AnyKv, RowMap, TensorKv};
 use crate::options::Options;
 use crate::problem::{Broadcast, Problem};
+use crate::rope::{rotate, Rope};
 use crate::tensor::{AnyTensor, AnyTensorMut, Tensor, TensorMut};
 
 /// Reference attention: `out = softmax(Q·Kᵀ·scale) · V` with the semantics of
@@ -584,4 +587,40 @@ fn bounds(
         }
     }
     Ok(bounds)
+}
+
+/// [`Rope::apply`]'s definition in f64: `x` rotated (angles, cosines, sines and the rotation in
+/// f64; a table's values read as they are), as a dense `[batch, seq, heads, head_dim]` array.
+/// The same checks and errors as [`Rope::apply`].
+///
+/// # Errors
+/// As [`Rope::apply`].
+pub fn rope<T: Element>(
+    rope: &Rope<'_>,
+    x: &Tensor<'_, T>,
+    positions: &[u32],
+) -> Result<Vec<f64>, Error> {
+    let [batch, seq, heads, d] = x.dims();
+    rope.check(d, batch * seq, positions)?;
+    let mut out = Vec::with_capacity(batch * seq * heads * d);
+    for b in 0..batch {
+        for s in 0..seq {
+            let p = positions[b * seq + s];
+            for h in 0..heads {
+                let mut row: Vec<f64> = (0..d)
+                    .map(|c| {
+                        x.get([b, s, h, c])
+                            .map_or(f64::NAN, |v| f64::from(v.to_f32()))
+                    })
+                    .collect();
+                for i in 0..rope.rotary_dim() / 2 {
+                    let (ja, jb) = rope.pair(i);
+                    let (c, sn) = rope.angle(p, i);
+                    (row[ja], row[jb]) = rotate(row[ja], row[jb], c, sn);
+                }
+                out.extend(row);
+            }
+        }
+    }
+    Ok(out)
 }

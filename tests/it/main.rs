@@ -31,5 +31,6 @@ mod kv_lens_alignment;
 mod miri;
 mod pools;
 mod properties;
+mod rope;
 mod variants;
 mod worked_example;
