@@ -21,6 +21,8 @@ mod sealed {
         const DTYPE: Dtype;
         /// K's and V's elements, named by their type.
         fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a>;
+        /// `x` stored as this type ([`super::store_kv`]).
+        fn store(x: f32) -> Self;
     }
 
     /// The same for the types of Q and the output.
@@ -35,6 +37,10 @@ mod sealed {
         const DTYPE: Dtype = Dtype::I8;
         fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
             KvPair::I8(k, v)
+        }
+        fn store(x: f32) -> Self {
+            // (Saturating, and NaN to 0: callers pass finite values already scaled.)
+            x.round_ties_even().clamp(-127.0, 127.0) as i8
         }
     }
 
@@ -53,6 +59,9 @@ mod sealed {
                 fn pair<'a>(k: &'a [Self], v: &'a [Self]) -> KvPair<'a> {
                     KvPair::$variant(k, v)
                 }
+                fn store(x: f32) -> Self {
+                    <$t as super::Element>::from_f32(x)
+                }
             }
         )*};
     }
@@ -67,6 +76,13 @@ pub enum Dtype {
     F16,
     Bf16,
     I8,
+}
+
+/// `x` stored as `T`: rounded to nearest (ties to even) for the float types; for `i8`, where
+/// `x` is a value already divided by its scale, rounded to nearest (ties to even) and
+/// saturated to ±127 (NaN to 0).
+pub(crate) fn store_kv<T: KvElement>(x: f32) -> T {
+    T::store(x)
 }
 
 /// The element type of `T`.

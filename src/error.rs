@@ -46,6 +46,8 @@ pub enum Operand {
     Positions,
     /// A rotary embedding's `cos`/`sin` tables.
     RopeTables,
+    /// The cache slots of [`append`](crate::append).
+    Slots,
 }
 
 impl fmt::Display for Operand {
@@ -70,6 +72,7 @@ impl fmt::Display for Operand {
             Operand::Rope => "rope",
             Operand::Positions => "positions",
             Operand::RopeTables => "rope tables",
+            Operand::Slots => "slots",
         })
     }
 }

@@ -80,6 +80,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod append;
 mod element;
 mod error;
 mod fused;
@@ -100,6 +101,7 @@ mod workspace;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+pub use append::{append, AppendScales};
 pub use element::{Element, KvElement};
 pub use error::{Dim, Error, Operand};
 /// The `half` crate, whose `f16` and `bf16` are element types of this one.

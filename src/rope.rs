@@ -55,9 +55,19 @@ pub struct Rope<'a> {
 }
 
 /// One token's rotation: `cos φ_i`, `sin φ_i` for each pair.
-struct Rotation {
+pub(crate) struct Rotation {
     cos: Vec<f64>,
     sin: Vec<f64>,
+}
+
+impl Rotation {
+    /// Room for the pairs of a rotary dimension `r`.
+    pub(crate) fn new(r: usize) -> Self {
+        Rotation {
+            cos: vec![0.0; r / 2],
+            sin: vec![0.0; r / 2],
+        }
+    }
 }
 
 impl<'a> Rope<'a> {
@@ -114,29 +124,36 @@ impl<'a> Rope<'a> {
     ) -> Result<(), Error> {
         let [batch, seq, heads, d] = x.dims();
         self.check(d, batch * seq, positions)?;
-        let half = self.rotary_dim / 2;
         let (data, _, strides) = x.raw_parts();
-        let mut rotation = Rotation {
-            cos: vec![0.0; half],
-            sin: vec![0.0; half],
-        };
+        let mut rotation = Rotation::new(self.rotary_dim);
+        let mut row = vec![0.0f32; d];
         for b in 0..batch {
             for s in 0..seq {
                 self.rotation(positions[b * seq + s], &mut rotation);
                 for h in 0..heads {
                     let at = |c: usize| offset([b, s, h, c], strides);
-                    for i in 0..half {
-                        let (ja, jb) = self.pair(i);
-                        let (a, b2) = (data[at(ja)].to_f32(), data[at(jb)].to_f32());
-                        let (c, sn) = (rotation.cos[i], rotation.sin[i]);
-                        let (ra, rb) = rotate(f64::from(a), f64::from(b2), c, sn);
-                        data[at(ja)] = T::from_f32(ra as f32);
-                        data[at(jb)] = T::from_f32(rb as f32);
+                    for (c, x) in row.iter_mut().enumerate().take(self.rotary_dim) {
+                        *x = data[at(c)].to_f32();
+                    }
+                    self.rotate_row(&rotation, &mut row);
+                    for (c, &x) in row.iter().enumerate().take(self.rotary_dim) {
+                        data[at(c)] = T::from_f32(x);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Rotates the first `rotary_dim` channels of `row` (f32 values) by `rotation`: each value
+    /// formed in f64 and rounded to f32.
+    pub(crate) fn rotate_row(&self, rotation: &Rotation, row: &mut [f32]) {
+        for i in 0..self.rotary_dim / 2 {
+            let (ja, jb) = self.pair(i);
+            let (a, b) = (f64::from(row[ja]), f64::from(row[jb]));
+            let (ra, rb) = rotate(a, b, rotation.cos[i], rotation.sin[i]);
+            (row[ja], row[jb]) = (ra as f32, rb as f32);
+        }
     }
 
     /// The channels of pair `i`.
@@ -149,7 +166,7 @@ impl<'a> Rope<'a> {
 
     /// `cos φ_i`, `sin φ_i` of every pair at position `p` (f64 for a base, the tables' values
     /// otherwise). The position was checked against the tables.
-    fn rotation(&self, p: u32, out: &mut Rotation) {
+    pub(crate) fn rotation(&self, p: u32, out: &mut Rotation) {
         let half = self.rotary_dim / 2;
         for i in 0..half {
             let (c, s) = self.angle(p, i);

@@ -16,6 +16,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod append;
 mod bf16_products;
 mod decode;
 mod differential;

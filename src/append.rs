@@ -1,0 +1,232 @@
+//! Writing a step's new K/V rows into a cache ([`append`]): each token's rows into its slot
+//! (vLLM's `reshape_and_cache` slot mapping), converted to the cache's type on the way, `i8`
+//! with a scale per (token, kv head) computed from the row and written beside it, K rotated
+//! by a [`Rope`] first if given.
+//!
+//! A cache is two writable views, K `[dim 0, dim 1, H_kv, d_k]` and V `[dim 0, dim 1, H_kv,
+//! d_v]`: a paged pool `[num_pages, page_size, H_kv, d]` (the pool [`PagedKv`] reads) or a
+//! dense cache `[B, n_kv, H_kv, d]`. Slot `s` is row `s % dim 1` of entry `s / dim 1` of dim 0:
+//! `page · page_size + offset`, or `b · n_kv + position`.
+//!
+//! `i8` rows: `scale = max |x| / 127` over the row (after RoPE), `x_i8 = round(x / scale)`
+//! (ties to even; a row of zeros gets scale 0 and zeros), so each stored value dequantizes to
+//! within `scale / 2` of the f32 row, which is what [`Options::kv_scales`] with per-(token, kv
+//! head) scales `[dim 0, dim 1, H_kv, 1]` reads. Rows with NaN, ±∞ or values above 2¹²⁰ in
+//! magnitude cannot be stored as `i8`: an error.
+//!
+//! [`PagedKv`]: crate::PagedKv
+//! [`Options::kv_scales`]: crate::Options::kv_scales
+
+use crate::element::{store_kv, Element, KvElement};
+use crate::error::{Dim, Error, Operand};
+use crate::rope::{Rope, Rotation};
+use crate::tensor::{offset, Tensor, TensorMut};
+
+/// The per-(token, kv head) scales an `i8` cache's rows are written with: `[dim 0, dim 1,
+/// H_kv, 1]` views for K and V (the caches' first three dims).
+pub type AppendScales<'s, 'a> = (&'s mut TensorMut<'a, f32>, &'s mut TensorMut<'a, f32>);
+
+/// Writes the rows of `k` and `v` (`[B, S, H_kv, d_k]`, `[B, S, H_kv, d_v]`; token `(b, s)`)
+/// into the caches `k_cache` and `v_cache` at slot `slots[b · S + s]` (module docs), converted
+/// to the caches' type; K rotated first by `rope` at the tokens' positions (`positions[b · S +
+/// s]`) if given. `scales` are required for `i8` caches (and refused for others).
+///
+/// Everything is checked before anything is written: on error the caches are unchanged.
+///
+/// # Errors
+/// - [`Error::ShapeMismatch`]: `v` against `k` (batch, tokens, heads), a cache against its rows
+///   (heads, head size), `v_cache` against `k_cache` (dims 0 and 1), scales against the cache
+///   (dims 0–2, and 1 channel).
+/// - [`Error::LengthMismatch`] ([`Operand::Slots`]): `slots.len() ≠ B · S`.
+/// - [`Error::InvalidValue`]: a slot past the cache, or one written twice in this call
+///   ([`Operand::Slots`]); NaN or ±∞ in a row for an `i8` cache ([`Operand::Key`],
+///   [`Operand::Value`], the token's index); the rope's errors ([`Rope::apply`]).
+/// - [`Error::KvScales`]: an `i8` cache without scales, or scales for another type.
+#[allow(clippy::too_many_arguments)] // the rows, the cache, where, and the two options
+pub fn append<S: Element, T: KvElement>(
+    k: &Tensor<'_, S>,
+    v: &Tensor<'_, S>,
+    k_cache: &mut TensorMut<'_, T>,
+    v_cache: &mut TensorMut<'_, T>,
+    slots: &[usize],
+    mut scales: Option<AppendScales<'_, '_>>,
+    rope: Option<(&Rope<'_>, &[u32])>,
+) -> Result<(), Error> {
+    let [batch, seq, heads, d_k] = k.dims();
+    let d_v = v.dims()[3];
+    check(
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slots,
+        scales.as_ref().map(|(a, b)| (a.dims(), b.dims())),
+    )?;
+    if let Some((rope, positions)) = rope {
+        rope.check(d_k, batch * seq, positions)?;
+    }
+    if T::QUANTIZED {
+        for (operand, x) in [(Operand::Key, k), (Operand::Value, v)] {
+            if let Some(token) = first_unstorable(x) {
+                return Err(Error::InvalidValue {
+                    operand,
+                    index: token,
+                    reason: "NaN, ±∞ or a magnitude above 2^120 cannot be stored in an i8 cache",
+                });
+            }
+        }
+    }
+    let mut rotation = rope.map(|(r, _)| Rotation::new(r.rotary_dim()));
+    let mut row = vec![0.0f32; d_k.max(d_v)];
+    for b in 0..batch {
+        for s in 0..seq {
+            let token = b * seq + s;
+            if let (Some((rope, positions)), Some(rot)) = (rope, rotation.as_mut()) {
+                rope.rotation(positions[token], rot);
+            }
+            for h in 0..heads {
+                let k_row = &mut row[..d_k];
+                read_row(k, [b, s, h], k_row);
+                if let (Some((rope, _)), Some(rot)) = (rope, rotation.as_ref()) {
+                    rope.rotate_row(rot, k_row);
+                }
+                let scale = scales.as_mut().map(|(ks, _)| &mut **ks);
+                write_row(k_cache, slots[token], h, k_row, scale);
+                let v_row = &mut row[..d_v];
+                read_row(v, [b, s, h], v_row);
+                let scale = scales.as_mut().map(|(_, vs)| &mut **vs);
+                write_row(v_cache, slots[token], h, v_row, scale);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The checks of [`append`] that do not read the rows' values.
+fn check<S, T: KvElement>(
+    k: &Tensor<'_, S>,
+    v: &Tensor<'_, S>,
+    k_cache: &TensorMut<'_, T>,
+    v_cache: &TensorMut<'_, T>,
+    slots: &[usize],
+    scale_dims: Option<([usize; 4], [usize; 4])>,
+) -> Result<(), Error> {
+    let mismatch = |operand, dim, expected, got| {
+        (expected != got).then_some(Error::ShapeMismatch {
+            operand,
+            dim,
+            expected,
+            got,
+        })
+    };
+    let [batch, seq, heads, d_k] = k.dims();
+    let vd = v.dims();
+    let (kc, vc) = (k_cache.dims(), v_cache.dims());
+    let dims = [Dim::Batch, Dim::Seq, Dim::Heads, Dim::HeadSize];
+    let mut errors = vec![
+        mismatch(Operand::Value, Dim::Batch, batch, vd[0]),
+        mismatch(Operand::Value, Dim::Seq, seq, vd[1]),
+        mismatch(Operand::Value, Dim::Heads, heads, vd[2]),
+        mismatch(Operand::Key, Dim::Heads, heads, kc[2]),
+        mismatch(Operand::Key, Dim::HeadSize, d_k, kc[3]),
+        mismatch(Operand::Value, Dim::Batch, kc[0], vc[0]),
+        mismatch(Operand::Value, Dim::Seq, kc[1], vc[1]),
+        mismatch(Operand::Value, Dim::Heads, heads, vc[2]),
+        mismatch(Operand::Value, Dim::HeadSize, vd[3], vc[3]),
+    ];
+    match (T::QUANTIZED, scale_dims) {
+        (true, None) | (false, Some(_)) => return Err(Error::KvScales { kv_type: T::NAME }),
+        (true, Some((ks, vs))) => {
+            for (operand, got) in [(Operand::KeyScales, ks), (Operand::ValueScales, vs)] {
+                let want = [kc[0], kc[1], heads, 1];
+                for ((&dim, &w), &g) in dims.iter().zip(&want).zip(&got) {
+                    errors.push(mismatch(operand, dim, w, g));
+                }
+            }
+        }
+        (false, None) => {}
+    }
+    if let Some(e) = errors.into_iter().flatten().next() {
+        return Err(e);
+    }
+    if slots.len() != batch * seq {
+        return Err(Error::LengthMismatch {
+            operand: Operand::Slots,
+            expected: batch * seq,
+            got: slots.len(),
+        });
+    }
+    let capacity = kc[0].saturating_mul(kc[1]);
+    if let Some(i) = slots.iter().position(|&s| s >= capacity) {
+        return Err(Error::InvalidValue {
+            operand: Operand::Slots,
+            index: i,
+            reason: "a slot past the cache",
+        });
+    }
+    let mut order: Vec<(usize, usize)> = slots.iter().copied().zip(0..).collect();
+    order.sort_unstable();
+    if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::InvalidValue {
+            operand: Operand::Slots,
+            index: w[0].1.max(w[1].1),
+            reason: "a slot written twice in one call",
+        });
+    }
+    Ok(())
+}
+
+/// The first token (`b · S + s`) of `x` with a value an `i8` cache cannot hold: NaN, ±∞, or a
+/// magnitude above `2¹²⁰` (rotated by RoPE, at most `√2 · 2¹²⁰`, its scale stays below
+/// `2¹¹⁴`, inside what [`Options::kv_scales`](crate::Options::kv_scales) accepts, `f32::MAX /
+/// 128`).
+fn first_unstorable<S: Element>(x: &Tensor<'_, S>) -> Option<usize> {
+    let [batch, seq, heads, d] = x.dims();
+    let limit = 2f32.powi(120);
+    let bad = |v: &S| v.to_f32().is_nan() || v.to_f32().abs() > limit;
+    (0..batch * seq).find(|&token| {
+        let (b, s) = (token / seq, token % seq);
+        (0..heads).any(|h| (0..d).any(|c| x.get([b, s, h, c]).is_some_and(bad)))
+    })
+}
+
+/// Row `[b, s, h]` of `x` as f32.
+fn read_row<S: Element>(x: &Tensor<'_, S>, [b, s, h]: [usize; 3], out: &mut [f32]) {
+    let (data, strides) = (x.data(), x.strides());
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = data[offset([b, s, h, c], strides)].to_f32();
+    }
+}
+
+/// `row` into head `h` of slot `slot` of `cache`, as `T` (`i8`: with the row's scale, written
+/// into `scales`).
+fn write_row<T: KvElement>(
+    cache: &mut TensorMut<'_, T>,
+    slot: usize,
+    h: usize,
+    row: &[f32],
+    scales: Option<&mut TensorMut<'_, f32>>,
+) {
+    let rows = cache.dims()[1];
+    let (e0, e1) = (slot / rows, slot % rows);
+    let (data, _, strides) = cache.raw_parts();
+    let mut write = |f: &dyn Fn(f32) -> f32| {
+        for (c, &x) in row.iter().enumerate() {
+            data[offset([e0, e1, h, c], strides)] = store_kv::<T>(f(x));
+        }
+    };
+    match scales {
+        Some(scales) => {
+            let amax = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let scale = amax / 127.0;
+            if scale > 0.0 {
+                write(&|x| x / scale);
+            } else {
+                write(&|_| 0.0);
+            }
+            let (sd, _, ss) = scales.raw_parts();
+            sd[offset([e0, e1, h, 0], ss)] = scale;
+        }
+        None => write(&|x| x),
+    }
+}
