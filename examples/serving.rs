@@ -6,7 +6,9 @@
 //! * Sequences arrive at different steps with random prompt lengths and are admitted when the
 //!   free list can hold them; prompts run in chunks of at most `CHUNK` tokens (chunked
 //!   prefill), then each sequence decodes one token per step and finishes after a few.
-//! * Each step writes the new tokens' K/V into their pages first (as engines do), packs every
+//! * Each step writes the new tokens' K/V into their pages first with [`append`] (one call for
+//!   every sequence's new rows, K rotated by the model's RoPE on the way; Q is rotated by the
+//!   same [`Rope`]), packs every
 //!   running sequence's new rows (prefill chunks and decode rows mixed) into one
 //!   `[1, total_q, H, D]` query with offsets `cu_q`, and makes ONE
 //!   [`Workspace::attention_varlen`] call: K/V paged (a block-table row per sequence), causal
@@ -19,7 +21,8 @@
 
 use sdpa::half::f16;
 use sdpa::reference;
-use sdpa::{Alignment, Error, KvElement, Options, PagedKv, Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::{append, Alignment, Error, KvElement, Options, PagedKv, Rope, RopeStyle};
+use sdpa::{Tensor, TensorMut, VarlenKv, Workspace};
 
 type Cache = f16;
 const H: usize = 8; // query heads
@@ -72,6 +75,7 @@ fn main() -> Result<(), Error> {
     let mut free: Vec<u32> = (0..NUM_PAGES as u32).rev().collect(); // pop() hands out page 0 first
     let mut running: Vec<Seq> = Vec::new();
     let mut ws = Workspace::new(); // kernel scratch, kept across steps
+    let rope = Rope::new(RopeStyle::Halves, D, 10_000.0); // Llama's rotary embedding
     let (mut step, mut next_id) = (0, 0);
     while !waiting.is_empty() || !running.is_empty() {
         // Admit arrived sequences while the free list covers every running sequence's growth.
@@ -99,23 +103,41 @@ fn main() -> Result<(), Error> {
         }
         // Schedule: a prefill chunk or one decode row per sequence; pages, K/V, then Q.
         let (mut q, mut cu_q, mut lens) = (Vec::new(), vec![0], Vec::new());
+        let (mut k_new, mut v_new, mut slots, mut positions) = (vec![], vec![], vec![], vec![]);
         for s in &mut running {
             let n_new = s.prompt.saturating_sub(s.len).clamp(1, CHUNK); // chunk or decode row
             while s.pages.len() * PAGE < s.len + n_new {
                 s.pages.push(free.pop().expect("reserved at admission"));
             }
             for t in s.len..s.len + n_new {
-                let at = slot(s, t);
-                let new = k_pool[at..at + ROW]
-                    .iter_mut()
-                    .chain(&mut v_pool[at..at + ROW]);
-                new.for_each(|x| *x = Cache::from_f32(rng.unit()));
+                slots.push(slot(s, t) / ROW);
+                positions.push(t as u32);
             }
+            k_new.extend((0..n_new * ROW).map(|_| rng.unit()));
+            v_new.extend((0..n_new * ROW).map(|_| rng.unit()));
             q.extend((0..n_new * H * D).map(|_| rng.unit()));
             s.len += n_new;
             cu_q.push(q.len() / (H * D));
             lens.push(s.len);
         }
+        // The new tokens' K (rotated) and V into their slots, then Q rotated alike.
+        let (n, pool_dims) = (slots.len(), [NUM_PAGES, PAGE, H_KV, D]);
+        let (kn, vn) = (
+            Tensor::bshd(&k_new, [1, n, H_KV, D])?,
+            Tensor::bshd(&v_new, [1, n, H_KV, D])?,
+        );
+        let mut k_cache = TensorMut::bshd(&mut k_pool, pool_dims)?;
+        let mut v_cache = TensorMut::bshd(&mut v_pool, pool_dims)?;
+        append(
+            &kn,
+            &vn,
+            &mut k_cache,
+            &mut v_cache,
+            &slots,
+            None,
+            Some((&rope, &positions)),
+        )?;
+        rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, &positions)?;
         // Block table `[B][pages_per_seq]`, rows padded with 0 (never read past a length).
         let pps = running.iter().map(|s| s.pages.len()).max().unwrap_or(0);
         let mut table = vec![0u32; running.len() * pps];
