@@ -144,6 +144,11 @@ impl<'a> Options<'a> {
     /// entirely outside the window are skipped, so the cost grows as `n_q · (left + right)`,
     /// not `n_q · n_kv`. Using a different alignment here than for `causal` or `alibi` is an
     /// [`Error::ConflictingAlignment`].
+    ///
+    /// A model config's `sliding_window = W` (Mistral, Gemma 2, Qwen 2 in Hugging Face: a token
+    /// sees itself and the `W − 1` tokens before it) is `sliding_window(W − 1, 0,
+    /// Alignment::BottomRight)` with `causal(Alignment::BottomRight)`; FlashAttention-2's
+    /// `window_size = (left, right)` is `(left, right)` here, bottom-right.
     pub fn sliding_window(mut self, left: usize, right: usize, alignment: Alignment) -> Self {
         self.window = Some(Window {
             left,
@@ -157,6 +162,11 @@ impl<'a> Options<'a> {
     /// `j ≥ kv_lens[b]` are invisible. Needs one entry per batch and `kv_lens[b] ≤ n_kv`.
     /// Key blocks past the length are skipped. Bottom-right alignment then uses each
     /// sequence's own length: `off_b = kv_lens[b] − n_q` (see [`Alignment`]).
+    ///
+    /// A length counts every key the call reads, this call's new rows included (write them
+    /// into the cache first, e.g. with [`append`](crate::append)). FlashAttention-2's
+    /// `cache_seqlens` counts the keys *before* the `k` it appends: pass `cache_seqlens[b] +
+    /// n_new` here.
     pub fn kv_lens(mut self, kv_lens: &'a [usize]) -> Self {
         self.kv_lens = Some(kv_lens);
         self
@@ -172,7 +182,12 @@ impl<'a> Options<'a> {
     }
 
     /// A boolean mask, `true` = visible, read as `mask[b, i, h, j]` with the same broadcasting
-    /// as [`Options::bias`]. Equivalent to a bias of 0 / `−∞`.
+    /// as [`Options::bias`]. Equivalent to a bias of 0 / `−∞`. (The C ABI's byte mask has the
+    /// same polarity, nonzero = visible; `sdpa-candle`'s `u8` mask follows candle-transformers,
+    /// nonzero = *hidden*. PyTorch's boolean `attn_mask` is `true` = visible too.) A bias or
+    /// mask buffer in PyTorch's `[B, H, L, S]` order goes in as `Tensor::bhsd(&buf, [B, H, L,
+    /// S])`, the view `[b, i, h, j]` over it; `Tensor::bshd(&buf, [B, L, H, S])` would read it
+    /// in the wrong order, silently whenever `H = L`.
     pub fn mask(mut self, mask: Tensor<'a, bool>) -> Self {
         self.mask = Some(mask);
         self

@@ -43,7 +43,8 @@
 //! * a float mask (f32 / f16 / bf16) is **added** to the scores (`0` keeps a key, `−∞` hides
 //!   it), like the additive masks of candle-transformers' Mistral and of `candle_nn::ops::sdpa`;
 //! * a `u8` mask **hides the keys where it is nonzero**, the convention of candle-transformers'
-//!   Llama (`masked_fill(&att, &mask, f32::NEG_INFINITY)`).
+//!   Llama (`masked_fill(&att, &mask, f32::NEG_INFINITY)`): the opposite of sdpa's own `bool`
+//!   mask and of its C ABI's byte mask, where `true` / nonzero = visible.
 //!
 //! Rows in which every key is hidden give 0 (not NaN as an unfused softmax would).
 
