@@ -571,3 +571,46 @@ fn output_padding_is_never_written() {
         );
     }
 }
+
+#[test]
+fn a_pytorch_order_bias_goes_in_through_bhsd() {
+    // A bias buffer in PyTorch's `[B, H, L, S]` order with H = L (so a view of the wrong order
+    // is accepted too): `Tensor::bhsd(&buf, [B, H, L, S])` reads it as `[b, i, h, j]`, the same
+    // bits as the bias copied into that order; `Tensor::bshd` over the same buffer does not.
+    let (h, l, s, d) = (3, 3, 5, 4);
+    let q: Vec<f32> = (0..l * h * d)
+        .map(|x| ((x * 7 % 11) as f32 - 5.0) / 8.0)
+        .collect();
+    let k: Vec<f32> = (0..s * h * d)
+        .map(|x| ((x * 5 % 13) as f32 - 6.0) / 8.0)
+        .collect();
+    let v: Vec<f32> = (0..s * h * d)
+        .map(|x| ((x * 3 % 7) as f32 - 3.0) / 4.0)
+        .collect();
+    let torch: Vec<f32> = (0..h * l * s)
+        .map(|x| (x % 17) as f32 / 4.0 - 2.0)
+        .collect();
+    let mut ours = vec![0.0f32; l * h * s];
+    for hh in 0..h {
+        for i in 0..l {
+            for j in 0..s {
+                ours[(i * h + hh) * s + j] = torch[(hh * l + i) * s + j];
+            }
+        }
+    }
+    let call = |bias: Tensor<'_, f32>| {
+        let mut out = vec![0.0f32; l * h * d];
+        let mut o = TensorMut::bshd(&mut out, [1, l, h, d]).unwrap();
+        let (qv, kv, vv) = (
+            Tensor::bshd(&q, [1, l, h, d]).unwrap(),
+            Tensor::bshd(&k, [1, s, h, d]).unwrap(),
+            Tensor::bshd(&v, [1, s, h, d]).unwrap(),
+        );
+        let opts = Options::new().bias(bias);
+        sdpa::attention(&qv, &kv, &vv, &mut o, &opts).unwrap();
+        out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    };
+    let by_name = call(Tensor::bhsd(&torch, [1, h, l, s]).unwrap());
+    assert_eq!(by_name, call(Tensor::bshd(&ours, [1, l, h, s]).unwrap()));
+    assert_ne!(by_name, call(Tensor::bshd(&torch, [1, l, h, s]).unwrap()));
+}
