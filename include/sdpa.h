@@ -216,7 +216,8 @@ typedef struct sdpa_options {
   // Additive `float` bias, logical dims `[B, n_q, H, n_kv]` (each dim may be 1 or have
   // stride 0 to broadcast); `bias.data` NULL for none.
   struct sdpa_tensor bias;
-  // Boolean mask of bytes (`uint8_t`, nonzero = visible), dims and broadcasting as `bias`;
+  // Boolean mask of bytes (`uint8_t`, nonzero = visible, as the Rust API's `true`; the
+  // candle adapter's `u8` mask is the opposite, nonzero = hidden), dims and broadcasting as `bias`;
   // `mask.data` NULL for none.
   struct sdpa_tensor mask;
   // ALiBi: `SDPA_ALIGN_NONE` (off) or the alignment of its diagonal.
