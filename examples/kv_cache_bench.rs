@@ -15,9 +15,19 @@
 //! 3. The same for one step of a continuous-batching server: 16 prompt chunks of 17–300 rows
 //!    against caches of up to ~1000 keys, and 48 decode rows against 512–4096 keys.
 //!
+//! 4. A step's plan against today's calls: 64 decode rows against 64–512 keys in 16-token
+//!    pages (f16 pools), one [`Plan`] per step run for each of 8 layers, against one
+//!    `attention_varlen` call per layer (both with a workspace). Reports per-layer times.
+//! 5. Cost follows the work: a packed batch of one 1024-row causal prefill sequence among
+//!    20,000 sequences without rows, against the sequence alone.
+//!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5).
 
-use sdpa::{Alignment, Options, PackedKv, PagedKv, Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::half::f16;
+use sdpa::{
+    Alignment, Heads, Layer, Options, PackedKv, PagedKv, Plan, StepKv, Tensor, TensorMut, VarlenKv,
+    Workspace,
+};
 use std::time::Instant;
 
 const H: usize = 32;
@@ -221,6 +231,114 @@ fn packed_batch(rounds: usize, name: &str, seqs: Vec<(usize, usize)>) {
     );
 }
 
+/// Case 4: per-layer time of a plan's runs against plain calls, a decode step of many short
+/// sequences.
+fn planned_step(rounds: usize) {
+    const LAYERS: usize = 8;
+    const PAGE: usize = 16;
+    let b = 64;
+    let lens: Vec<usize> = (0..b).map(|i| 64 + (i * 149) % 449).collect();
+    let pages_per_seq = 512 / PAGE;
+    let pages = b * pages_per_seq;
+    let table: Vec<u32> = (0..pages as u32)
+        .map(|p| (p * 7919) % pages as u32)
+        .collect();
+    let row = H_KV * D;
+    let pools: Vec<(Vec<f16>, Vec<f16>)> = (0..LAYERS)
+        .map(|l| {
+            let half = |x: Vec<f32>| x.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+            let seed = 10 + 2 * l as u64;
+            (
+                half(values(pages * PAGE * row, seed)),
+                half(values(pages * PAGE * row, seed + 1)),
+            )
+        })
+        .collect();
+    let q = values(b * H * D, 3);
+    let cu_q: Vec<usize> = (0..=b).collect();
+    let qv = Tensor::bshd(&q, [1, b, H, D]).unwrap();
+    let opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
+    let pool = |x| Tensor::bshd(x, [pages, PAGE, H_KV, D]).unwrap();
+    let (mut out_a, mut out_b) = (vec![0.0f32; b * H * D], vec![0.0f32; b * H * D]);
+    let (mut ws_a, mut ws_b) = (Workspace::new(), Workspace::new());
+    let heads = Heads {
+        heads: H,
+        kv_heads: H_KV,
+        d_k: D,
+        d_v: D,
+    };
+    let (plain, planned) = alternate(
+        rounds,
+        || {
+            for (k, v) in &pools {
+                let kv =
+                    VarlenKv::Paged(PagedKv::new(pool(k), pool(v), &table, pages_per_seq).unwrap());
+                let mut o = TensorMut::bshd(&mut out_a, [1, b, H, D]).unwrap();
+                ws_a.attention_varlen(&qv, &cu_q, &kv, &mut o, None, &opts)
+                    .unwrap();
+            }
+        },
+        || {
+            let step = StepKv::Paged {
+                block_table: &table,
+                pages_per_seq,
+                page_size: PAGE,
+            };
+            let mut plan = Plan::in_workspace(&mut ws_b, &cu_q, step, heads, &opts).unwrap();
+            for (k, v) in &pools {
+                let mut o = TensorMut::bshd(&mut out_b, [1, b, H, D]).unwrap();
+                plan.run(&qv, &pool(k), &pool(v), &mut o, None, &Layer::new())
+                    .unwrap();
+            }
+        },
+    );
+    assert_eq!(out_a, out_b, "plan and calls differ");
+    println!(
+        "planned step ({b} decode rows, 64-512 keys, pages of {PAGE}, f16): per layer, calls {:.1} µs, plan {:.1} µs, plan/calls time {:.3}",
+        plain / LAYERS as f64 * 1e6,
+        planned / LAYERS as f64 * 1e6,
+        planned / plain
+    );
+}
+
+/// Case 5: a long sequence among many without rows, against it alone.
+fn empty_sequences(rounds: usize) {
+    let n = 1024;
+    let q = values(n * H * D, 4);
+    let k = values(n * H_KV * D, 5);
+    let v = values(n * H_KV * D, 6);
+    let qv = Tensor::bshd(&q, [1, n, H, D]).unwrap();
+    let kv_dims = [1, n, H_KV, D];
+    let (kt, vt) = (
+        Tensor::bshd(&k, kv_dims).unwrap(),
+        Tensor::bshd(&v, kv_dims).unwrap(),
+    );
+    let opts = Options::new().causal(Alignment::BottomRight);
+    let alone = [0, n];
+    let mut many = vec![0usize; 10_001];
+    many.extend(std::iter::repeat_n(n, 10_001));
+    let (mut out_a, mut out_b) = (vec![0.0f32; n * H * D], vec![0.0f32; n * H * D]);
+    let (mut ws_a, mut ws_b) = (Workspace::new(), Workspace::new());
+    let call = |cu: &[usize], out: &mut [f32], ws: &mut Workspace| {
+        let kv = VarlenKv::Packed(PackedKv::new(kt, vt, cu));
+        let mut o = TensorMut::bshd(out, [1, n, H, D]).unwrap();
+        ws.attention_varlen(&qv, cu, &kv, &mut o, None, &opts)
+            .unwrap();
+    };
+    let (one, with_empty) = alternate(
+        rounds,
+        || call(&alone, &mut out_a, &mut ws_a),
+        || call(&many, &mut out_b, &mut ws_b),
+    );
+    assert_eq!(out_a, out_b, "the empty sequences changed the result");
+    println!(
+        "cost follows the work ({n}-row prefill among 20,000 empty sequences): alone {:.1} ms, with them {:.1} ms, ratio {:.3}",
+        one * 1e3,
+        with_empty * 1e3,
+        with_empty / one
+    );
+}
+
 fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rounds = 5;
@@ -265,5 +383,7 @@ fn main() {
             "16 prefill chunks of 17-300 rows + 48 decode rows, 512-4096 keys",
             serving_step(),
         );
+        planned_step(rounds);
+        empty_sequences(rounds);
     });
 }

@@ -107,6 +107,8 @@ pub struct Options<'a> {
     pub(crate) causal: Option<Alignment>,
     pub(crate) window: Option<Window>,
     pub(crate) kv_lens: Option<&'a [usize]>,
+    /// `kv_lens` counts the keys before this call's query rows ([`Options::cache_seqlens`]).
+    pub(crate) lens_before: bool,
     pub(crate) bias: Option<Tensor<'a, f32>>,
     pub(crate) mask: Option<Tensor<'a, bool>>,
     pub(crate) alibi: Option<(&'a [f32], Alignment)>,
@@ -165,10 +167,33 @@ impl<'a> Options<'a> {
     ///
     /// A length counts every key the call reads, this call's new rows included (write them
     /// into the cache first, e.g. with [`append`](crate::append)). FlashAttention-2's
-    /// `cache_seqlens` counts the keys *before* the `k` it appends: pass `cache_seqlens[b] +
-    /// n_new` here.
+    /// `cache_seqlens` counts the keys *before* the `k` it appends: pass it to
+    /// [`Options::cache_seqlens`] instead (or `cache_seqlens[b] + n_new` here).
     pub fn kv_lens(mut self, kv_lens: &'a [usize]) -> Self {
         self.kv_lens = Some(kv_lens);
+        self.lens_before = false;
+        self
+    }
+
+    /// Per-sequence key lengths in FlashAttention-2's `cache_seqlens` convention: the keys in
+    /// the cache *before* this call's new rows, which the caller has appended right after them
+    /// (e.g. with [`append`](crate::append)). Sequence `b` then has `cache_seqlens[b] + n_q(b)`
+    /// keys (`n_q(b)`: its query rows, the call's `n_q` in a dense call), and everything said
+    /// of [`Options::kv_lens`] holds for those sums, which must not exceed the sequence's keys.
+    /// Replaces any lengths set before, as `kv_lens` replaces these.
+    ///
+    /// ```
+    /// use sdpa::{Alignment, Options};
+    /// // Two sequences with 10 and 3 cached keys, each appending this call's query rows:
+    /// let before = [10usize, 3];
+    /// let opts = Options::new()
+    ///     .causal(Alignment::BottomRight)
+    ///     .cache_seqlens(&before);
+    /// # let _ = opts;
+    /// ```
+    pub fn cache_seqlens(mut self, cache_seqlens: &'a [usize]) -> Self {
+        self.kv_lens = Some(cache_seqlens);
+        self.lens_before = true;
         self
     }
 

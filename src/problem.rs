@@ -3,7 +3,7 @@
 
 use crate::element::{dtype, Dtype, KvElement};
 use crate::error::{Dim, Error, Operand};
-use crate::kv_cache::{PagedKv, VarlenKv};
+use crate::kv_cache::{PagedKv, RowMap, TensorKv, VarlenKv};
 use crate::options::{Alignment, Options};
 use crate::tensor::{offset, Tensor};
 
@@ -256,6 +256,20 @@ impl Sizes {
     }
 }
 
+/// Checks sink logits: one per query head, each `−∞` or finite in log2 units.
+pub(crate) fn check_sinks(sinks: &[f32], heads: usize) -> Result<(), Error> {
+    check_len(sinks, heads, Operand::Sinks)?;
+    let ok = |x: f32| x == f32::NEG_INFINITY || (x * std::f32::consts::LOG2_E).is_finite();
+    match sinks.iter().position(|&x| !ok(x)) {
+        Some(index) => Err(Error::InvalidValue {
+            operand: Operand::Sinks,
+            index,
+            reason: "sink logit is NaN or +inf, or finite with |sink|·log2(e) overflowing f32",
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Where the sequences of a packed batch lie (`None`: the dense `[B, n, …]` layout).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Seqs<'a> {
@@ -284,8 +298,10 @@ pub(crate) struct Problem<'a> {
     pub right: Option<usize>,
     /// Keys visible before the diagonal: row `i` sees `j ≥ i + off − left`. `None`: unbounded.
     pub left: Option<usize>,
-    /// Per-batch key lengths (each at most its sequence's keys).
+    /// Per-batch key lengths (each at most its sequence's keys), or with `lens_before` the
+    /// lengths before the call's query rows ([`Options::cache_seqlens`]).
     pub kv_lens: Option<&'a [usize]>,
+    pub lens_before: bool,
     /// Packed sequences, if any.
     pub seqs: Seqs<'a>,
     pub bias: Option<Broadcast<'a, f32>>,
@@ -305,7 +321,7 @@ pub(crate) struct Problem<'a> {
 /// Whether Q and K/V are bf16, the types [`Options::bf16_products`] applies to: their values
 /// are bf16 already, so the bf16 products round only the softmax weights (never a value out of
 /// range: an f32 beyond bf16's largest finite value would round to ±∞).
-fn bf16_inputs<Q: KvElement, KV: KvElement>() -> bool {
+pub(crate) fn bf16_inputs<Q: KvElement, KV: KvElement>() -> bool {
     dtype::<Q>() == Dtype::Bf16 && dtype::<KV>() == Dtype::Bf16
 }
 
@@ -336,6 +352,8 @@ impl<'a> Problem<'a> {
     /// or `n_kv`.
     pub fn kv_len(&self, b: usize) -> usize {
         match (self.kv_lens, self.seqs.kv) {
+            // (Validated: the sum does not exceed the sequence's keys.)
+            (Some(l), _) if self.lens_before => l[b] + self.q_len(b),
             (Some(l), _) => l[b],
             (None, Some(cu)) => cu[b + 1] - cu[b],
             (None, None) => self.n_kv,
@@ -507,6 +525,35 @@ impl<'a> Problem<'a> {
         Ok(p)
     }
 
+    /// The scales of one layer run through a [`crate::Plan`] (`scales`: its K and V scales),
+    /// checked against its K/V `kv` as a call checks them.
+    pub fn layer_scales<KV: KvElement>(
+        &self,
+        kv: &TensorKv<'a, KV>,
+        scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
+    ) -> Result<Option<KvScales<'a>>, Error> {
+        let opts = Options {
+            kv_scales: scales,
+            ..Options::default()
+        };
+        match kv.map {
+            RowMap::Paged {
+                table,
+                pages_per_seq,
+                ..
+            } => {
+                let paged = PagedKv {
+                    k: kv.k,
+                    v: kv.v,
+                    block_table: table,
+                    pages_per_seq,
+                };
+                self.paged_scales(&paged, &opts)
+            }
+            _ => check_scales::<KV>(&opts, kv.k.dims(), kv.v.dims(), &all_rows),
+        }
+    }
+
     /// [`check_scales`] for a paged cache: only the scales of the pages that the sequences'
     /// key lengths reach are read, so only those are checked (a pool shared by many
     /// sequences is not scanned on every call). After [`Problem::check_pages`].
@@ -624,11 +671,19 @@ impl<'a> Problem<'a> {
         if let Some(lens) = opts.kv_lens {
             check_len(lens, batch, Operand::KvLens)?;
             let capacity = |b: usize| seqs.kv.map_or(n_kv, |cu| cu[b + 1] - cu[b]);
-            if let Some(index) = (0..batch).position(|b| lens[b] > capacity(b)) {
+            let q_len = |b: usize| seqs.q.map_or(n_q, |cu| cu[b + 1] - cu[b]);
+            let len = |b: usize| match opts.lens_before {
+                true => lens[b].checked_add(q_len(b)),
+                false => Some(lens[b]),
+            };
+            if let Some(index) = (0..batch).position(|b| len(b).is_none_or(|l| l > capacity(b))) {
                 return Err(Error::InvalidValue {
                     operand: Operand::KvLens,
                     index,
-                    reason: "key length exceeds the sequence's keys (n_kv)",
+                    reason: match opts.lens_before {
+                        true => "cached keys plus the call's query rows exceed the sequence's keys",
+                        false => "key length exceeds the sequence's keys (n_kv)",
+                    },
                 });
             }
         }
@@ -667,12 +722,7 @@ impl<'a> Problem<'a> {
             )?;
         }
         if let Some(sinks) = opts.sinks {
-            per_head(
-                sinks,
-                Operand::Sinks,
-                "sink logit is NaN or +inf, or finite with |sink|·log2(e) overflowing f32",
-                |x| x == f32::NEG_INFINITY || fits_log2(x),
-            )?;
+            check_sinks(sinks, heads)?;
         }
         if let Some(cap) = opts.softcap {
             if !(cap >= f32::MIN_POSITIVE && fits_log2(cap)) {
@@ -692,6 +742,7 @@ impl<'a> Problem<'a> {
             right,
             left,
             kv_lens: opts.kv_lens,
+            lens_before: opts.lens_before,
             seqs,
             bias,
             mask,

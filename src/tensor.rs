@@ -32,10 +32,12 @@ fn is_injective(dims: [usize; 4], strides: [usize; 4]) -> bool {
     if dims.contains(&0) {
         return true; // no elements, nothing to overlap
     }
-    let mut order: Vec<usize> = (0..4).filter(|&i| dims[i] > 1).collect();
-    order.sort_by_key(|&i| strides[i]);
+    // The dims of more than one element by stride, in an array: an output view is made per
+    // call, and its check must not allocate (a serving loop's steps allocate nothing).
+    let mut order = [0usize, 1, 2, 3];
+    order.sort_unstable_by_key(|&i| strides[i]);
     let mut extent = 1usize; // elements spanned by the dims placed so far
-    for &i in &order {
+    for &i in order.iter().filter(|&&i| dims[i] > 1) {
         if strides[i] < extent {
             return false;
         }

@@ -49,6 +49,11 @@ impl Workspace {
         Self::default()
     }
 
+    /// The kernel's memory, lent to a [`Plan`](crate::Plan).
+    pub(crate) fn kernel_memory(&mut self) -> &mut fused::Workspace {
+        &mut self.inner
+    }
+
     /// Bytes the workspace holds.
     pub fn bytes(&self) -> usize {
         self.inner.bytes()

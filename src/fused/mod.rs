@@ -50,26 +50,49 @@ impl<KV: KvSource> Kernel for ItemKernel<'_, '_, KV> {
     }
 }
 
-/// The work of one call: `items` (batch, kv head, query block) triples, each split into
-/// `splits` key ranges.
+/// The work of one call: (batch, kv head group, query block) items, each split into `splits`
+/// key ranges. Dense batches have `q_blocks` blocks per sequence; a packed batch has each
+/// sequence's own (`first`), so that its items follow its rows: sequences without query rows
+/// cost nothing, and a short one beside a long one costs its own blocks, not the long one's.
 struct Schedule<'p> {
     problem: &'p Problem<'p>,
     q_blocks: usize,
+    /// Packed batches: `first[b]` = the query blocks of the sequences before `b` (`B + 1`
+    /// entries, the last the total); empty for dense batches.
+    first: &'p [usize],
     splits: usize,
     q_rows: usize,
     /// Key/value heads per item ([`Blocking::heads`]).
     heads: usize,
 }
 
+/// Fills `first` with the packed batch's cumulative query blocks (see [`Schedule::first`]),
+/// or empties it for a dense batch.
+fn block_offsets(problem: &Problem<'_>, q_rows: usize, first: &mut Vec<usize>) {
+    first.clear();
+    if problem.seqs.q.is_none() {
+        return;
+    }
+    // (At most one entry per packed query row plus one: the offsets were validated.)
+    first.reserve(problem.batch + 1);
+    let mut total = 0;
+    first.push(0);
+    for b in 0..problem.batch {
+        total += problem.q_len(b).div_ceil(q_rows);
+        first.push(total);
+    }
+}
+
 impl<'p> Schedule<'p> {
-    /// Plans `problem` with `blocking`: the split count is shape-only (it depends on the
-    /// lengths and options, never on the threads), so results are bitwise identical for any
-    /// pool.
-    fn new(problem: &'p Problem<'p>, blocking: &Blocking) -> Self {
+    /// Plans `problem` with `blocking` (`first`: [`block_offsets`]' result): the split count
+    /// is shape-only (it depends on the lengths and options, never on the threads), so results
+    /// are bitwise identical for any pool.
+    fn new(problem: &'p Problem<'p>, blocking: &Blocking, first: &'p [usize]) -> Self {
         let q_blocks = problem.n_q.div_ceil(blocking.q_rows);
         let mut sched = Schedule {
             problem,
             q_blocks,
+            first,
             splits: 1,
             q_rows: blocking.q_rows,
             heads: blocking.heads,
@@ -96,22 +119,36 @@ impl<'p> Schedule<'p> {
         self.problem.kv_heads.div_ceil(self.heads)
     }
 
-    /// Work items: (batch, kv heads, query block). Cannot overflow: the output view (or, with
-    /// d_v = 0, the LSE slice) holds one element per (batch, head, query row), at least as many.
+    /// Work items. Cannot overflow: the output view (or, with d_v = 0, the LSE slice) holds
+    /// one element per (batch, head, query row), at least as many.
     fn items(&self) -> usize {
-        self.problem.batch * self.head_groups() * self.q_blocks
+        match self.first.last() {
+            Some(&blocks) => blocks * self.head_groups(),
+            None => self.problem.batch * self.head_groups() * self.q_blocks,
+        }
     }
 
-    /// (batch, first kv head, first query row, query rows) of item `index`.
+    /// (batch, first kv head, first query row, query rows) of item `index`: batch-major, then
+    /// kv head group, then query block.
     fn coords(&self, index: usize) -> (usize, usize, usize, usize) {
         let p = self.problem;
-        let q_block = index % self.q_blocks;
-        let kv_head = (index / self.q_blocks) % self.head_groups() * self.heads;
-        let batch = index / (self.q_blocks * self.head_groups());
+        let groups = self.head_groups();
+        let (batch, q_block, group) = if self.first.is_empty() {
+            let q_block = index % self.q_blocks;
+            let group = (index / self.q_blocks) % groups;
+            (index / (self.q_blocks * groups), q_block, group)
+        } else {
+            // The last sequence whose items start at or before `index` (sequences without
+            // rows start where the next one does, and are passed over).
+            let batch = self.first.partition_point(|&f| f * groups <= index) - 1;
+            let (start, blocks) = (self.first[batch], self.first[batch + 1] - self.first[batch]);
+            let r = index - start * groups;
+            (batch, r % blocks, r / blocks)
+        };
         let q_start = q_block * self.q_rows;
-        // Packed batches: blocks past a shorter sequence's end are empty.
+        // The rows of the query block that exist (a sequence's last block may be short).
         let q_len = self.q_rows.min(p.q_len(batch).saturating_sub(q_start));
-        (batch, kv_head, q_start, q_len)
+        (batch, group * self.heads, q_start, q_len)
     }
 
     /// The keys some row of item `index` can see (causal, window, key length): `[lo, hi)`,
@@ -183,9 +220,24 @@ pub(crate) fn scratch_bytes<KV: KvElement>(
 pub(crate) struct Workspace {
     scratches: Vec<Scratch>,
     partials: Vec<f32>,
+    /// A packed batch's query block offsets ([`block_offsets`]), for `first_rows` query rows
+    /// per block.
+    first: Vec<usize>,
+    first_rows: usize,
+    /// Whether every call has the same sequences (a [`crate::Plan`]'s), so that `first` is
+    /// computed once.
+    planned: bool,
 }
 
 impl Workspace {
+    /// Marks the calls from now on as a [`crate::Plan`]'s (`true`: they all have its
+    /// sequences, so the schedule's block offsets are computed by the first and kept), or as
+    /// anyone's.
+    pub fn set_planned(&mut self, planned: bool) {
+        self.planned = planned;
+        self.first_rows = 0;
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         let scratch = self
@@ -291,7 +343,42 @@ fn drive(
         tile_counter,
         ..
     } = call;
-    let sched = Schedule::new(problem, blocking);
+    let mut first = std::mem::take(&mut ws.first);
+    let known = ws.planned && ws.first_rows == blocking.q_rows && first.len() == problem.batch + 1;
+    if !known {
+        block_offsets(problem, blocking.q_rows, &mut first);
+        ws.first_rows = blocking.q_rows;
+    }
+    let sched = Schedule::new(problem, blocking, &first);
+    let result = run_schedule(
+        ws,
+        &sched,
+        blocking,
+        packs_keys,
+        (out, lse, tile_counter),
+        compute,
+    );
+    ws.first = first;
+    result
+}
+
+/// The output and counter of [`drive`]'s call.
+type Outputs<'c, 'o> = (
+    AnyTensorMut<'o>,
+    Option<&'o mut [f32]>,
+    Option<&'c AtomicU64>,
+);
+
+/// [`drive`] once the schedule is made.
+fn run_schedule(
+    ws: &mut Workspace,
+    sched: &Schedule<'_>,
+    blocking: &Blocking,
+    packs_keys: bool,
+    (out, lse, tile_counter): Outputs<'_, '_>,
+    compute: &(dyn Fn(&Item, &mut Scratch) + Sync),
+) -> Result<(), Error> {
+    let problem = sched.problem;
     let (items, splits) = (sched.items(), sched.splits);
     let units = items * splits;
     let pool = ScratchPool::new(
@@ -335,7 +422,7 @@ fn drive(
         );
     } else {
         split_kv(
-            &sched,
+            sched,
             blocking,
             &pool,
             &mut ws.partials,

@@ -292,7 +292,10 @@ impl Scratch {
 /// thread that can run at once (at most one per work unit), so running out of memory is an
 /// error before any output is written, and memory stays O(threads × block).
 pub(crate) struct ScratchPool {
+    /// The store: scratches of other sizes first (`kept` of them, set aside for the
+    /// workspace's later calls), then this call's, lent from the end.
     free: Mutex<Vec<Scratch>>,
+    kept: usize,
 }
 
 /// A scratch on loan from a [`ScratchPool`]; returns to it when dropped.
@@ -301,15 +304,21 @@ pub(crate) struct Loan<'p> {
     scratch: Option<Scratch>,
 }
 
+/// Sizes of scratch a workspace keeps besides the current call's: a serving loop alternates
+/// decode-only steps and steps with prefill rows (two blockings, each per K/V type), and
+/// reallocating on every switch cost 17–35 allocations per call in an engine trial.
+const KEPT_SIZES: usize = 3;
+
 impl ScratchPool {
     /// A pool of at least `count` scratches (at least one), made from `store` (a caller's
     /// [`Workspace`](crate::Workspace), or empty): the scratches in it that were allocated for
-    /// these sizes are kept, others dropped, and missing ones allocated. The list itself is
-    /// reused too, so a call that finds everything in `store` allocates nothing.
+    /// these sizes are lent, missing ones allocated, and those of other sizes kept aside for
+    /// later calls (those of the [`KEPT_SIZES`] sizes used last; older ones are dropped). The
+    /// list itself is reused too, so a call that finds everything in `store` allocates
+    /// nothing.
     ///
     /// # Errors
-    /// [`Error::ScratchTooLarge`] if they cannot all be allocated (`store` is then lost: it
-    /// held nothing this call could use anyway).
+    /// [`Error::ScratchTooLarge`] if they cannot all be allocated (`store` is then lost).
     pub fn new(
         blocking: &Blocking,
         pack_k: bool,
@@ -320,15 +329,44 @@ impl ScratchPool {
             bytes: Scratch::bytes(blocking, pack_k),
         };
         let count = count.max(1);
-        store.retain(|s| s.fits == (*blocking, pack_k));
+        let fits = (*blocking, pack_k);
+        // Other sizes to the front, in their order (the most recently used last), this
+        // call's to the back; in place, so nothing is allocated.
+        let mut kept = 0;
+        for j in 0..store.len() {
+            if store[j].fits != fits {
+                store.swap(kept, j);
+                kept += 1;
+            }
+        }
+        // Of the others, only the scratches of the last `KEPT_SIZES` sizes stay.
+        let mut sizes: [Option<(Blocking, bool)>; KEPT_SIZES] = [None; KEPT_SIZES];
+        let mut distinct = 0;
+        let mut start = 0;
+        for j in (0..kept).rev() {
+            let f = store[j].fits;
+            if sizes[..distinct].contains(&Some(f)) {
+                continue;
+            }
+            if distinct == KEPT_SIZES {
+                start = j + 1;
+                break;
+            }
+            sizes[distinct] = Some(f);
+            distinct += 1;
+        }
+        store.drain(..start);
+        kept -= start;
+        let have = store.len() - kept;
         store
-            .try_reserve(count.saturating_sub(store.len()))
+            .try_reserve(count.saturating_sub(have))
             .map_err(|_| too_large())?;
-        while store.len() < count {
+        for _ in have..count {
             store.push(Scratch::try_new(blocking, pack_k).ok_or_else(too_large)?);
         }
         Ok(ScratchPool {
             free: Mutex::new(store),
+            kept,
         })
     }
 
@@ -346,10 +384,16 @@ impl ScratchPool {
     /// promise in writing), it waits for one to come back rather than allocating mid-call.
     pub fn take(&self) -> Loan<'_> {
         loop {
-            let reused = match self.free.lock() {
-                Ok(mut free) => free.pop(),
-                Err(poisoned) => poisoned.into_inner().pop(),
+            let mut free = match self.free.lock() {
+                Ok(free) => free,
+                Err(poisoned) => poisoned.into_inner(),
             };
+            let reused = if free.len() > self.kept {
+                free.pop()
+            } else {
+                None
+            };
+            drop(free);
             if let Some(scratch) = reused {
                 return Loan {
                     pool: self,

@@ -30,6 +30,7 @@ mod int8;
 mod kv_cache;
 mod kv_lens_alignment;
 mod miri;
+mod plan;
 mod pools;
 mod properties;
 mod rope;
