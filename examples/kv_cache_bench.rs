@@ -16,12 +16,13 @@
 //!    against caches of up to ~1000 keys, and 48 decode rows against 512–4096 keys.
 //!
 //! 4. A step's plan against today's calls: 64 decode rows against 64–512 keys in 16-token
-//!    pages (f16 pools), one [`Plan`] per step run for each of 8 layers, against one
+//!    pages (f16 pools), and against 1–16 keys (where the call's own costs show), one [`Plan`] per step run for each of 8 layers, against one
 //!    `attention_varlen` call per layer (both with a workspace). Reports per-layer times.
 //! 5. Cost follows the work: a packed batch of one 1024-row causal prefill sequence among
 //!    20,000 sequences without rows, against the sequence alone.
 //!
-//! Flags: `--threads N` (default: all cores), `--rounds N` (default 5).
+//! Flags: `--threads N` (default: all cores), `--rounds N` (default 5), `--only N` (case `N`
+//! alone).
 
 use sdpa::half::f16;
 use sdpa::{
@@ -233,12 +234,14 @@ fn packed_batch(rounds: usize, name: &str, seqs: Vec<(usize, usize)>) {
 
 /// Case 4: per-layer time of a plan's runs against plain calls, a decode step of many short
 /// sequences.
-fn planned_step(rounds: usize) {
+fn planned_step(rounds: usize, (min_keys, max_keys): (usize, usize)) {
     const LAYERS: usize = 8;
     const PAGE: usize = 16;
     let b = 64;
-    let lens: Vec<usize> = (0..b).map(|i| 64 + (i * 149) % 449).collect();
-    let pages_per_seq = 512 / PAGE;
+    let lens: Vec<usize> = (0..b)
+        .map(|i| min_keys + (i * 149) % (max_keys - min_keys + 1))
+        .collect();
+    let pages_per_seq = max_keys.div_ceil(PAGE);
     let pages = b * pages_per_seq;
     let table: Vec<u32> = (0..pages as u32)
         .map(|p| (p * 7919) % pages as u32)
@@ -294,7 +297,7 @@ fn planned_step(rounds: usize) {
     );
     assert_eq!(out_a, out_b, "plan and calls differ");
     println!(
-        "planned step ({b} decode rows, 64-512 keys, pages of {PAGE}, f16): per layer, calls {:.1} µs, plan {:.1} µs, plan/calls time {:.3}",
+        "planned step ({b} decode rows, {min_keys}-{max_keys} keys, pages of {PAGE}, f16): per layer, calls {:.1} µs, plan {:.1} µs, plan/calls time {:.3}",
         plain / LAYERS as f64 * 1e6,
         planned / LAYERS as f64 * 1e6,
         planned / plain
@@ -342,8 +345,9 @@ fn empty_sequences(rounds: usize) {
 fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rounds = 5;
+    let mut only = None;
     let mut it = std::env::args().skip(1);
-    const USAGE: &str = "usage: kv_cache_bench [--threads N] [--rounds N]";
+    const USAGE: &str = "usage: kv_cache_bench [--threads N] [--rounds N] [--only N]";
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
@@ -353,7 +357,8 @@ fn main() {
         match (flag.as_str(), value) {
             ("--threads", Some(n)) => threads = n,
             ("--rounds", Some(n)) => rounds = n.max(1),
-            ("--threads" | "--rounds", None) => {
+            ("--only", Some(n)) => only = Some(n),
+            ("--threads" | "--rounds" | "--only", None) => {
                 eprintln!("kv_cache_bench: {flag} needs a number\n{USAGE}");
                 std::process::exit(2);
             }
@@ -371,19 +376,31 @@ fn main() {
         "{threads} thread(s), {rounds} rounds, backend {:?}",
         sdpa::backend()
     );
+    let run = |case: usize| only.is_none_or(|n| n == case);
     pool.install(|| {
-        paged_decode(rounds);
-        packed_batch(
-            rounds,
-            "17, 300, 2048, 5000 prefill + 8 decode rows × 4096 keys",
-            long_mix(),
-        );
-        packed_batch(
-            rounds,
-            "16 prefill chunks of 17-300 rows + 48 decode rows, 512-4096 keys",
-            serving_step(),
-        );
-        planned_step(rounds);
-        empty_sequences(rounds);
+        if run(1) {
+            paged_decode(rounds);
+        }
+        if run(2) {
+            packed_batch(
+                rounds,
+                "17, 300, 2048, 5000 prefill + 8 decode rows × 4096 keys",
+                long_mix(),
+            );
+        }
+        if run(3) {
+            packed_batch(
+                rounds,
+                "16 prefill chunks of 17-300 rows + 48 decode rows, 512-4096 keys",
+                serving_step(),
+            );
+        }
+        if run(4) {
+            planned_step(rounds, (64, 512));
+            planned_step(rounds, (1, 16));
+        }
+        if run(5) {
+            empty_sequences(rounds);
+        }
     });
 }

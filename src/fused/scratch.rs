@@ -292,10 +292,9 @@ impl Scratch {
 /// thread that can run at once (at most one per work unit), so running out of memory is an
 /// error before any output is written, and memory stays O(threads × block).
 pub(crate) struct ScratchPool {
-    /// The store: scratches of other sizes first (`kept` of them, set aside for the
-    /// workspace's later calls), then this call's, lent from the end.
+    /// The store: this call's scratches, lent by size, and those of other sizes, kept for
+    /// the workspace's later calls.
     free: Mutex<Vec<Scratch>>,
-    kept: usize,
 }
 
 /// A scratch on loan from a [`ScratchPool`]; returns to it when dropped.
@@ -310,63 +309,50 @@ pub(crate) struct Loan<'p> {
 const KEPT_SIZES: usize = 3;
 
 impl ScratchPool {
-    /// A pool of at least `count` scratches (at least one), made from `store` (a caller's
-    /// [`Workspace`](crate::Workspace), or empty): the scratches in it that were allocated for
-    /// these sizes are lent, missing ones allocated, and those of other sizes kept aside for
-    /// later calls (those of the [`KEPT_SIZES`] sizes used last; older ones are dropped). The
-    /// list itself is reused too, so a call that finds everything in `store` allocates
-    /// nothing.
+    /// A pool of at least `count` scratches (at least one) of each `(fits, count)` in
+    /// `sizes`, made from `store` (a caller's [`Workspace`](crate::Workspace), or empty): the
+    /// scratches in it of these sizes are lent, missing ones allocated, and those of other
+    /// sizes kept aside for later calls (those of the [`KEPT_SIZES`] other sizes used last;
+    /// older ones are dropped). The list itself is reused too, so a call that finds everything
+    /// in `store` allocates nothing.
     ///
     /// # Errors
     /// [`Error::ScratchTooLarge`] if they cannot all be allocated (`store` is then lost).
     pub fn new(
-        blocking: &Blocking,
-        pack_k: bool,
-        count: usize,
+        sizes: &[Option<((Blocking, bool), usize)>],
         mut store: Vec<Scratch>,
     ) -> Result<Self, Error> {
-        let too_large = || Error::ScratchTooLarge {
-            bytes: Scratch::bytes(blocking, pack_k),
-        };
-        let count = count.max(1);
-        let fits = (*blocking, pack_k);
-        // Other sizes to the front, in their order (the most recently used last), this
-        // call's to the back; in place, so nothing is allocated.
-        let mut kept = 0;
-        for j in 0..store.len() {
-            if store[j].fits != fits {
-                store.swap(kept, j);
-                kept += 1;
-            }
-        }
-        // Of the others, only the scratches of the last `KEPT_SIZES` sizes stay.
-        let mut sizes: [Option<(Blocking, bool)>; KEPT_SIZES] = [None; KEPT_SIZES];
+        let wanted = |f: &(Blocking, bool)| sizes.iter().flatten().any(|(s, _)| s == f);
+        // The other sizes to keep: the last `KEPT_SIZES` distinct ones in the store (the most
+        // recently used are last), found without allocating.
+        let mut others: [Option<(Blocking, bool)>; KEPT_SIZES] = [None; KEPT_SIZES];
         let mut distinct = 0;
-        let mut start = 0;
-        for j in (0..kept).rev() {
-            let f = store[j].fits;
-            if sizes[..distinct].contains(&Some(f)) {
-                continue;
-            }
+        for s in store.iter().rev() {
             if distinct == KEPT_SIZES {
-                start = j + 1;
                 break;
             }
-            sizes[distinct] = Some(f);
-            distinct += 1;
+            if !wanted(&s.fits) && !others[..distinct].contains(&Some(s.fits)) {
+                others[distinct] = Some(s.fits);
+                distinct += 1;
+            }
         }
-        store.drain(..start);
-        kept -= start;
-        let have = store.len() - kept;
-        store
-            .try_reserve(count.saturating_sub(have))
-            .map_err(|_| too_large())?;
-        for _ in have..count {
-            store.push(Scratch::try_new(blocking, pack_k).ok_or_else(too_large)?);
+        store.retain(|s| wanted(&s.fits) || others[..distinct].contains(&Some(s.fits)));
+        for &(fits, count) in sizes.iter().flatten() {
+            let (blocking, pack_k) = fits;
+            let too_large = || Error::ScratchTooLarge {
+                bytes: Scratch::bytes(&blocking, pack_k),
+            };
+            let have = store.iter().filter(|s| s.fits == fits).count();
+            let count = count.max(1);
+            store
+                .try_reserve(count.saturating_sub(have))
+                .map_err(|_| too_large())?;
+            for _ in have..count {
+                store.push(Scratch::try_new(&blocking, pack_k).ok_or_else(too_large)?);
+            }
         }
         Ok(ScratchPool {
             free: Mutex::new(store),
-            kept,
         })
     }
 
@@ -382,17 +368,17 @@ impl ScratchPool {
     /// holds one scratch per thread, so one is free; should a job still find none (a thread
     /// that holds a loan cannot start another job of this loop, but rayon gives no such
     /// promise in writing), it waits for one to come back rather than allocating mid-call.
-    pub fn take(&self) -> Loan<'_> {
+    pub fn take(&self, fits: &(Blocking, bool)) -> Loan<'_> {
         loop {
             let mut free = match self.free.lock() {
                 Ok(free) => free,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            let reused = if free.len() > self.kept {
-                free.pop()
-            } else {
-                None
-            };
+            // (The last of its size: loans come back to the end.)
+            let reused = free
+                .iter()
+                .rposition(|s| s.fits == *fits)
+                .map(|i| free.swap_remove(i));
             drop(free);
             if let Some(scratch) = reused {
                 return Loan {
