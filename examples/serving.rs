@@ -1,30 +1,30 @@
-//! A continuous-batching toy over a paged K/V cache: `cargo run --release --example serving`.
+//! A continuous-batching toy over paged K/V caches: `cargo run --release --example serving`.
 //!
-//! * The cache: two page pools `[NUM_PAGES, PAGE, H_KV, D]` of f16 (`Cache` below; make it
-//!   `f32` and nothing else changes) and a free list. A sequence takes pages as it grows and
-//!   gives them back when it finishes, so later sequences reuse them in scrambled order.
+//! * Two layers, each with its own caches: page pools `[NUM_PAGES, PAGE, H_KV, D]` of f16
+//!   (layer 0) and of int8 with a scale per (token, kv head) (layer 1), sharing one block
+//!   table and free list. A sequence takes pages as it grows and gives them back when it
+//!   finishes, so later sequences reuse them in scrambled order.
 //! * Sequences arrive at different steps with random prompt lengths and are admitted when the
 //!   free list can hold them; prompts run in chunks of at most `CHUNK` tokens (chunked
 //!   prefill), then each sequence decodes one token per step and finishes after a few.
-//! * Each step writes the new tokens' K/V into their pages first with [`append`] (one call for
-//!   every sequence's new rows, K rotated by the model's RoPE on the way; Q is rotated by the
-//!   same [`Rope`]), packs every
-//!   running sequence's new rows (prefill chunks and decode rows mixed) into one
-//!   `[1, total_q, H, D]` query with offsets `cu_q`, and makes ONE
-//!   [`Workspace::attention_varlen`] call: K/V paged (a block-table row per sequence), causal
-//!   bottom-right with `kv_lens` (each sequence's rows are the last of its keys).
-//! * Every sequence's rows (out and LSE) are checked against the f64 reference on that
-//!   sequence alone, its keys gathered densely from its pages, within
-//!   `reference::error_bounds`; a miss panics. One line per step: the worst error / bound.
+//! * Each step: one [`Plan`] for the step's packed rows (prefill chunks and decode rows mixed,
+//!   offsets `cu_q`), its block table and its lengths (`cache_seqlens`: the keys before this
+//!   step's rows, FlashAttention-2's convention); then per layer, [`append`] writes the new
+//!   tokens' K (rotated by the model's [`Rope`]) and V into their slots, converted to the
+//!   cache's type (int8 rows with their scales), Q is rotated alike, and [`Plan::run`] does
+//!   the layer's attention: causal, bottom-right, every sequence in one call.
+//! * Every sequence's rows (out and LSE) of every layer are checked against the f64
+//!   reference on that sequence alone, its keys (and scales) gathered densely from its pages,
+//!   within `reference::error_bounds`; a miss panics. One line per step: the worst
+//!   error / bound.
 //!
 //! GQA: 8 query heads over 2 K/V heads, head size 64, pages of 16 tokens.
 
 use sdpa::half::f16;
 use sdpa::reference;
-use sdpa::{append, Alignment, Error, KvElement, Options, PagedKv, Rope, RopeStyle};
-use sdpa::{Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::{append, Alignment, Error, Heads, KvElement, Layer, Options, Plan, Rope, RopeStyle};
+use sdpa::{StepKv, Tensor, TensorMut, Workspace};
 
-type Cache = f16;
 const H: usize = 8; // query heads
 const H_KV: usize = 2; // K/V heads (GQA: 4 query heads per K/V head)
 const D: usize = 64; // head size
@@ -59,9 +59,135 @@ struct Seq {
     pages: Vec<u32>, // block table row: key t is slot t % PAGE of page pages[t / PAGE]
 }
 
-/// Where token `t` of `s` lives in a pool (pool layout `[page, slot, H_KV, D]`).
+/// The slot of token `t` of `s` (`page · PAGE + offset`): its row `slot · ROW` of a pool,
+/// its scale `slot · H_KV` of a scale pool (layout `[page, offset, H_KV, 1]`).
 fn slot(s: &Seq, t: usize) -> usize {
-    (s.pages[t / PAGE] as usize * PAGE + t % PAGE) * ROW
+    s.pages[t / PAGE] as usize * PAGE + t % PAGE
+}
+
+/// One layer's caches: K/V pools of `T` and, for int8, their scale pools.
+struct Caches<T> {
+    k: Vec<T>,
+    v: Vec<T>,
+    scales: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl<T: KvElement + Default> Caches<T> {
+    fn new(quantized: bool) -> Self {
+        let scales = vec![0.0f32; NUM_PAGES * PAGE * H_KV];
+        Caches {
+            k: vec![T::default(); NUM_PAGES * PAGE * ROW],
+            v: vec![T::default(); NUM_PAGES * PAGE * ROW],
+            scales: quantized.then(|| (scales.clone(), scales)),
+        }
+    }
+}
+
+/// The dims of a pool and of a scale pool.
+const POOL: [usize; 4] = [NUM_PAGES, PAGE, H_KV, D];
+const SCALES: [usize; 4] = [NUM_PAGES, PAGE, H_KV, 1];
+
+/// One layer of a step: the new tokens' K/V appended (K rotated), Q rotated, the plan run,
+/// every sequence checked against the reference. Returns the worst error / bound.
+fn layer<T: KvElement + Default>(
+    caches: &mut Caches<T>,
+    plan: &mut Plan<'_>,
+    (running, cu_q, slots, positions): (&[Seq], &[usize], &[usize], &[u32]),
+    rope: &Rope<'_>,
+    rng: &mut Rng,
+) -> Result<f64, Error> {
+    let n = slots.len();
+    let (k_new, v_new): (Vec<f32>, Vec<f32>) =
+        (0..n * ROW).map(|_| (rng.unit(), rng.unit())).unzip();
+    let mut q: Vec<f32> = (0..n * H * D).map(|_| rng.unit()).collect();
+    let (kn, vn) = (
+        Tensor::bshd(&k_new, [1, n, H_KV, D])?,
+        Tensor::bshd(&v_new, [1, n, H_KV, D])?,
+    );
+    let mut k_cache = TensorMut::bshd(&mut caches.k, POOL)?;
+    let mut v_cache = TensorMut::bshd(&mut caches.v, POOL)?;
+    let mut scales = match &mut caches.scales {
+        Some((ks, vs)) => Some((TensorMut::bshd(ks, SCALES)?, TensorMut::bshd(vs, SCALES)?)),
+        None => None,
+    };
+    let scale_views = scales.as_mut().map(|(k, v)| (k, v));
+    append(
+        &kn,
+        &vn,
+        &mut k_cache,
+        &mut v_cache,
+        slots,
+        scale_views,
+        Some((rope, positions)),
+    )?;
+    rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, positions)?;
+
+    let (mut out, mut lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
+    let (qv, kp, vp) = (
+        Tensor::bshd(&q, [1, n, H, D])?,
+        Tensor::bshd(&caches.k, POOL)?,
+        Tensor::bshd(&caches.v, POOL)?,
+    );
+    let scale_pools = match &caches.scales {
+        Some((ks, vs)) => Some((Tensor::bshd(ks, SCALES)?, Tensor::bshd(vs, SCALES)?)),
+        None => None,
+    };
+    let this_layer = match scale_pools {
+        Some((ks, vs)) => Layer::new().kv_scales(ks, vs),
+        None => Layer::new(),
+    };
+    let mut ov = TensorMut::bshd(&mut out, [1, n, H, D])?;
+    plan.run(&qv, &kp, &vp, &mut ov, Some(&mut lse), &this_layer)?;
+
+    // Each sequence against the reference on it alone, its keys (and scales) gathered.
+    let mut worst = 0.0f64;
+    for (b, s) in running.iter().enumerate() {
+        let (r0, rows) = (cu_q[b], cu_q[b + 1] - cu_q[b]);
+        let (mut k, mut v, mut ks, mut vs) = (vec![], vec![], vec![], vec![]);
+        for t in 0..s.len {
+            let at = slot(s, t);
+            k.extend_from_slice(&caches.k[at * ROW..][..ROW]);
+            v.extend_from_slice(&caches.v[at * ROW..][..ROW]);
+            if let Some((kp, vp)) = &caches.scales {
+                ks.extend_from_slice(&kp[at * H_KV..][..H_KV]);
+                vs.extend_from_slice(&vp[at * H_KV..][..H_KV]);
+            }
+        }
+        let qs = Tensor::bshd(&q[r0 * H * D..(r0 + rows) * H * D], [1, rows, H, D])?;
+        let (ks_t, vs_t) = (
+            Tensor::bshd(&ks, [1, s.len, H_KV, 1]),
+            Tensor::bshd(&vs, [1, s.len, H_KV, 1]),
+        );
+        let (kd, vd) = (
+            Tensor::bshd(&k, [1, s.len, H_KV, D])?,
+            Tensor::bshd(&v, [1, s.len, H_KV, D])?,
+        );
+        let mut opts = Options::new().causal(Alignment::BottomRight);
+        if caches.scales.is_some() {
+            opts = opts.kv_scales(ks_t?, vs_t?);
+        }
+        let (mut want, mut w_lse) = (vec![0.0f32; rows * H * D], vec![0.0f32; H * rows]);
+        let mut wv = TensorMut::bshd(&mut want, [1, rows, H, D])?;
+        reference::attention_lse(&qs, &kd, &vd, &mut wv, &mut w_lse, &opts)?;
+        let bounds = reference::error_bounds(&qs, &kd, &vd, &opts)?;
+        let mut check = |got: f32, want: f32, bound: f64, i: usize, h: usize| {
+            let err = (f64::from(got) - f64::from(want)).abs();
+            let what = format!("{} cache, seq {} row {i} head {h}", T::NAME, s.id);
+            assert!(err <= bound, "{what}: {got} vs {want} (bound {bound:e})");
+            worst = worst.max(err / bound);
+        };
+        for h in 0..H {
+            for i in 0..rows {
+                let bd = bounds[h * rows + i];
+                check(lse[h * n + r0 + i], w_lse[h * rows + i], bd.lse, i, h);
+                for c in 0..D {
+                    let at = (i * H + h) * D + c;
+                    check(out[r0 * H * D + at], want[at], bd.out, i, h);
+                }
+            }
+        }
+    }
+    Ok(worst)
 }
 
 fn main() -> Result<(), Error> {
@@ -70,12 +196,18 @@ fn main() -> Result<(), Error> {
     let mut waiting: Vec<(usize, usize, usize)> = (0..5)
         .map(|i| (3 * i + rng.range(0, 3), rng.range(5, 300), rng.range(2, 8)))
         .collect();
-    let mut k_pool = vec![Cache::from_f32(0.0); NUM_PAGES * PAGE * ROW];
-    let mut v_pool = k_pool.clone();
+    let mut f16_layer = Caches::<f16>::new(false);
+    let mut i8_layer = Caches::<i8>::new(true);
     let mut free: Vec<u32> = (0..NUM_PAGES as u32).rev().collect(); // pop() hands out page 0 first
     let mut running: Vec<Seq> = Vec::new();
-    let mut ws = Workspace::new(); // kernel scratch, kept across steps
+    let mut ws = Workspace::new(); // kernel memory, kept across steps
     let rope = Rope::new(RopeStyle::Halves, D, 10_000.0); // Llama's rotary embedding
+    let heads = Heads {
+        heads: H,
+        kv_heads: H_KV,
+        d_k: D,
+        d_v: D,
+    };
     let (mut step, mut next_id) = (0, 0);
     while !waiting.is_empty() || !running.is_empty() {
         // Admit arrived sequences while the free list covers every running sequence's growth.
@@ -101,93 +233,46 @@ fn main() -> Result<(), Error> {
             step += 1;
             continue;
         }
-        // Schedule: a prefill chunk or one decode row per sequence; pages, K/V, then Q.
-        let (mut q, mut cu_q, mut lens) = (Vec::new(), vec![0], Vec::new());
-        let (mut k_new, mut v_new, mut slots, mut positions) = (vec![], vec![], vec![], vec![]);
+        // Schedule: a prefill chunk or one decode row per sequence, its pages and slots.
+        let (mut cu_q, mut cached) = (vec![0], Vec::new());
+        let (mut slots, mut positions) = (vec![], vec![]);
         for s in &mut running {
             let n_new = s.prompt.saturating_sub(s.len).clamp(1, CHUNK); // chunk or decode row
             while s.pages.len() * PAGE < s.len + n_new {
                 s.pages.push(free.pop().expect("reserved at admission"));
             }
-            for t in s.len..s.len + n_new {
-                slots.push(slot(s, t) / ROW);
-                positions.push(t as u32);
-            }
-            k_new.extend((0..n_new * ROW).map(|_| rng.unit()));
-            v_new.extend((0..n_new * ROW).map(|_| rng.unit()));
-            q.extend((0..n_new * H * D).map(|_| rng.unit()));
+            slots.extend((s.len..s.len + n_new).map(|t| slot(s, t)));
+            positions.extend((s.len..s.len + n_new).map(|t| t as u32));
+            cached.push(s.len);
             s.len += n_new;
-            cu_q.push(q.len() / (H * D));
-            lens.push(s.len);
+            cu_q.push(slots.len());
         }
-        // The new tokens' K (rotated) and V into their slots, then Q rotated alike.
-        let (n, pool_dims) = (slots.len(), [NUM_PAGES, PAGE, H_KV, D]);
-        let (kn, vn) = (
-            Tensor::bshd(&k_new, [1, n, H_KV, D])?,
-            Tensor::bshd(&v_new, [1, n, H_KV, D])?,
-        );
-        let mut k_cache = TensorMut::bshd(&mut k_pool, pool_dims)?;
-        let mut v_cache = TensorMut::bshd(&mut v_pool, pool_dims)?;
-        append(
-            &kn,
-            &vn,
-            &mut k_cache,
-            &mut v_cache,
-            &slots,
-            None,
-            Some((&rope, &positions)),
-        )?;
-        rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, &positions)?;
         // Block table `[B][pages_per_seq]`, rows padded with 0 (never read past a length).
         let pps = running.iter().map(|s| s.pages.len()).max().unwrap_or(0);
         let mut table = vec![0u32; running.len() * pps];
         for (row, s) in table.chunks_mut(pps).zip(&running) {
             row[..s.pages.len()].copy_from_slice(&s.pages);
         }
-        // The one attention call of the step.
-        let total_q = cu_q[running.len()];
-        let (mut out, mut lse) = (vec![0.0f32; total_q * H * D], vec![0.0f32; H * total_q]);
-        let pool = |x| Tensor::bshd(x, [NUM_PAGES, PAGE, H_KV, D]);
-        let kv = VarlenKv::Paged(PagedKv::new(pool(&k_pool)?, pool(&v_pool)?, &table, pps)?);
-        let opts = Options::new().causal(Alignment::BottomRight).kv_lens(&lens);
-        let qv = Tensor::bshd(&q, [1, total_q, H, D])?;
-        let mut ov = TensorMut::bshd(&mut out, [1, total_q, H, D])?;
-        ws.attention_varlen(&qv, &cu_q, &kv, &mut ov, Some(&mut lse), &opts)?;
-
-        // Check each sequence against the reference on it alone.
-        let mut worst = 0.0f64;
-        let mut check = |got: f32, want: f32, bound: f64, what: &str| {
-            let err = (f64::from(got) - f64::from(want)).abs();
-            assert!(err <= bound, "{what}: {got} vs {want} (bound {bound:e})");
-            worst = worst.max(err / bound);
+        // One plan for the step, one run per layer.
+        let kv = StepKv::Paged {
+            block_table: &table,
+            pages_per_seq: pps,
+            page_size: PAGE,
         };
-        for (b, s) in running.iter().enumerate() {
-            let (r0, n) = (cu_q[b], cu_q[b + 1] - cu_q[b]);
-            let (mut k, mut v) = (vec![], vec![]);
-            for t in 0..s.len {
-                k.extend_from_slice(&k_pool[slot(s, t)..][..ROW]);
-                v.extend_from_slice(&v_pool[slot(s, t)..][..ROW]);
-            }
-            let qs = Tensor::bshd(&q[r0 * H * D..(r0 + n) * H * D], [1, n, H, D])?;
-            let kv_dims = [1, s.len, H_KV, D];
-            let (ks, vs) = (Tensor::bshd(&k, kv_dims)?, Tensor::bshd(&v, kv_dims)?);
-            let causal = Options::new().causal(Alignment::BottomRight);
-            let (mut want, mut w_lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
-            let mut wv = TensorMut::bshd(&mut want, [1, n, H, D])?;
-            reference::attention_lse(&qs, &ks, &vs, &mut wv, &mut w_lse, &causal)?;
-            let bounds = reference::error_bounds(&qs, &ks, &vs, &causal)?;
-            for h in 0..H {
-                for i in 0..n {
-                    let b = bounds[h * n + i];
-                    let what = format!("step {step} seq {} row {i} head {h}", s.id);
-                    check(lse[h * total_q + r0 + i], w_lse[h * n + i], b.lse, &what);
-                    for c in 0..D {
-                        let at = (i * H + h) * D + c;
-                        check(out[r0 * H * D + at], want[at], b.out, &what);
-                    }
-                }
-            }
-        }
+        let opts = Options::new()
+            .causal(Alignment::BottomRight)
+            .cache_seqlens(&cached);
+        let mut plan = Plan::in_workspace(&mut ws, &cu_q, kv, heads, &opts)?;
+        let step_rows = (&running[..], &cu_q[..], &slots[..], &positions[..]);
+        let worst = layer(&mut f16_layer, &mut plan, step_rows, &rope, &mut rng)?.max(layer(
+            &mut i8_layer,
+            &mut plan,
+            step_rows,
+            &rope,
+            &mut rng,
+        )?);
+        drop(plan);
+        let total_q = slots.len();
         let prefill = running.iter().filter(|s| s.len <= s.prompt).count();
         println!(
             "step {step:2}: {} running ({prefill} prefill, {} decode), {total_q:3} rows, max err/bound {worst:.3}",
@@ -207,9 +292,6 @@ fn main() -> Result<(), Error> {
     }
     assert_eq!(free.len(), NUM_PAGES, "every page back on the free list");
     let kib = ws.bytes() / 1024;
-    println!(
-        "done: {step} steps, {} cache, workspace {kib} KiB",
-        Cache::NAME
-    );
+    println!("done: {step} steps, f16 and int8 caches, workspace {kib} KiB");
     Ok(())
 }
