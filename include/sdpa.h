@@ -62,7 +62,8 @@
 typedef enum sdpa_status {
   // Success.
   SDPA_STATUS_OK = 0,
-  // A required pointer (a struct, a tensor's data, an option's array) is NULL.
+  // A required pointer (a struct, a tensor's data, an option's array) is NULL, or an
+  // array is NULL with a nonzero length (everywhere, NULL means "none" only with length 0).
   SDPA_STATUS_NULL_POINTER = 1,
   // A struct's `size` field is not the size of one of its versions: `sizeof` in this ABI,
   // or that of an earlier version of `sdpa_attention_args` or `sdpa_options`.
@@ -209,7 +210,7 @@ typedef struct sdpa_options {
   size_t window_left;
   // Keys visible to the right of the diagonal (`SIZE_MAX`: unbounded; 0 with causal).
   size_t window_right;
-  // Per-sequence key lengths (`size_t`, one per batch), or NULL.
+  // Per-sequence key lengths (`size_t`, one per batch), or NULL (with length 0).
   const size_t *kv_lens;
   // Entries at `kv_lens`.
   size_t kv_lens_len;
@@ -230,7 +231,7 @@ typedef struct sdpa_options {
   uint32_t has_softcap;
   // The softcap (finite, positive).
   float softcap;
-  // Attention-sink logits, one per query head, or NULL.
+  // Attention-sink logits, one per query head, or NULL (with length 0).
   const float *sinks;
   // Entries at `sinks`.
   size_t sinks_len;

@@ -40,7 +40,8 @@ pub const SDPA_ALIGN_BOTTOM_RIGHT: u32 = 2;
 pub enum SdpaStatus {
     /// Success.
     Ok = 0,
-    /// A required pointer (a struct, a tensor's data, an option's array) is NULL.
+    /// A required pointer (a struct, a tensor's data, an option's array) is NULL, or an
+    /// array is NULL with a nonzero length (everywhere, NULL means "none" only with length 0).
     NullPointer = 1,
     /// A struct's `size` field is not the size of one of its versions: `sizeof` in this ABI,
     /// or that of an earlier version of `sdpa_attention_args` or `sdpa_options`.
@@ -199,7 +200,7 @@ pub struct SdpaOptions {
     pub window_left: usize,
     /// Keys visible to the right of the diagonal (`SIZE_MAX`: unbounded; 0 with causal).
     pub window_right: usize,
-    /// Per-sequence key lengths (`size_t`, one per batch), or NULL.
+    /// Per-sequence key lengths (`size_t`, one per batch), or NULL (with length 0).
     pub kv_lens: *const usize,
     /// Entries at `kv_lens`.
     pub kv_lens_len: usize,
@@ -220,7 +221,7 @@ pub struct SdpaOptions {
     pub has_softcap: u32,
     /// The softcap (finite, positive).
     pub softcap: f32,
-    /// Attention-sink logits, one per query head, or NULL.
+    /// Attention-sink logits, one per query head, or NULL (with length 0).
     pub sinks: *const f32,
     /// Entries at `sinks`.
     pub sinks_len: usize,

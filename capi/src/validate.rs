@@ -137,7 +137,8 @@ pub(crate) unsafe fn output<'a, T>(
     Ok((TensorMut::new(slice, t.dims, t.strides)?, span))
 }
 
-/// An optional `f32` output array of `len` elements (NULL: none).
+/// An optional `f32` output array of `len` elements (NULL with length 0: none; NULL with a
+/// nonzero length: [`SdpaStatus::NullPointer`], as every array of the ABI).
 ///
 /// # Safety
 /// `ptr`, if not NULL, must be valid for reads and writes of `len` floats, exclusively.
@@ -148,7 +149,7 @@ pub(crate) unsafe fn output_array<'a>(
     what: &str,
 ) -> Result<Option<&'a mut [f32]>, Failure> {
     if ptr.is_null() {
-        return Ok(None);
+        return absent(len, what);
     }
     let span = check_array(ptr.cast_const(), len, what)?;
     check_disjoint(span, reads, what)?;
@@ -156,7 +157,8 @@ pub(crate) unsafe fn output_array<'a>(
     Ok(Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) }))
 }
 
-/// An optional input array of `len` elements (NULL: none).
+/// An optional input array of `len` elements (NULL with length 0: none; NULL with a nonzero
+/// length: [`SdpaStatus::NullPointer`]).
 ///
 /// # Safety
 /// `ptr`, if not NULL, must be valid for reads of `len` elements.
@@ -167,11 +169,23 @@ pub(crate) unsafe fn input_array<'a, T>(
     spans: &mut Vec<Span>,
 ) -> Result<Option<&'a [T]>, Failure> {
     if ptr.is_null() {
-        return Ok(None);
+        return absent(len, what);
     }
     spans.push(check_array(ptr, len, what)?);
     // SAFETY: checked above; validity is the caller's contract.
     Ok(Some(unsafe { std::slice::from_raw_parts(ptr, len) }))
+}
+
+/// A NULL array: none if its length is 0, else a NULL pointer error (a caller that counted
+/// elements meant to pass them).
+fn absent<T>(len: usize, what: &str) -> Result<Option<T>, Failure> {
+    match len {
+        0 => Ok(None),
+        n => Err(Failure::new(
+            SdpaStatus::NullPointer,
+            format!("{what}: pointer is NULL with length {n}"),
+        )),
+    }
 }
 
 fn check_disjoint(span: Span, others: &[Span], what: &str) -> Result<(), Failure> {

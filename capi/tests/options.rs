@@ -680,3 +680,42 @@ fn i8_kv_with_scales_matches_the_rust_api_and_errors_are_typed() {
     // SAFETY: valid f32 buffers for the dims of `a`.
     assert_eq!(unsafe { sdpa_attention(&a, &o) }, SdpaStatus::KvScales);
 }
+
+#[test]
+fn null_arrays_with_a_nonzero_length_are_null_pointer_errors() {
+    let (q, k, v) = (
+        data(B * NQ * H * D, 7),
+        data(B * NKV * HKV * D, 8),
+        data(B * NKV * HKV * D, 9),
+    );
+    let mut out = vec![5f32; B * NQ * H * D];
+    let mut lse = vec![5f32; B * H * NQ];
+    let good = args(&q, &k, &v, &mut out, &mut lse);
+    // SAFETY: valid pointers (or NULL, which is checked) and the dims of `good`.
+    let call = |a: &SdpaAttentionArgs, o: &SdpaOptions| unsafe { sdpa_attention(a, o) };
+    let mut o = no_options();
+    o.kv_lens = ptr::null();
+    o.kv_lens_len = B;
+    assert_eq!(call(&good, &o), SdpaStatus::NullPointer);
+    assert!(message().contains("kv_lens"), "{}", message());
+    let mut o = no_options();
+    o.sinks = ptr::null();
+    o.sinks_len = H;
+    assert_eq!(call(&good, &o), SdpaStatus::NullPointer);
+    let mut a = good;
+    a.lse = ptr::null_mut();
+    assert_eq!(call(&a, &no_options()), SdpaStatus::NullPointer);
+    // With length 0, NULL is "none".
+    let mut o = no_options();
+    o.kv_lens = ptr::null();
+    o.kv_lens_len = 0;
+    assert_eq!(call(&good, &o), SdpaStatus::Ok, "{}", message());
+    // Merging: NULL parts with a count are an error, not "no partials".
+    // SAFETY: all-zero is a valid SdpaMergeArgs.
+    let mut m: SdpaMergeArgs = unsafe { std::mem::zeroed() };
+    m.size = std::mem::size_of::<SdpaMergeArgs>();
+    m.n_parts = 2;
+    // SAFETY: NULL is checked before anything is read.
+    assert_eq!(unsafe { sdpa_merge_partials(&m) }, SdpaStatus::NullPointer);
+    assert!(message().contains("parts"), "{}", message());
+}
