@@ -263,6 +263,13 @@ impl<'a> Options<'a> {
     /// with `|scale| ≤ f32::MAX / 128` (so no dequantized value overflows); 0 and negative
     /// scales are fine. [`Operand::KeyScales`](crate::Operand::KeyScales) /
     /// [`Operand::ValueScales`](crate::Operand::ValueScales) name the failing one.
+    ///
+    /// The dequantized values then obey the limit f32 values do: the output accumulates up to
+    /// `n` weighted values (`n` visible keys, weights ≤ 1) before it is normalized, so a
+    /// finite result needs `n · max|v| < f32::MAX` (`max|v| ≤ 127 · |v scale|`), and scores
+    /// need `|scale · q·k|` finite. A V scale near the accepted maximum overflows with two
+    /// keys; scales from [`append`](crate::append) (`max|x| / 127` of f32 rows) are far
+    /// inside both. On a paged cache, only the pages the key lengths reach are checked.
     pub fn kv_scales(mut self, k_scales: Tensor<'a, f32>, v_scales: Tensor<'a, f32>) -> Self {
         self.kv_scales = Some((k_scales, v_scales));
         self
