@@ -34,5 +34,6 @@ mod plan;
 mod pools;
 mod properties;
 mod rope;
+mod serving;
 mod variants;
 mod worked_example;
