@@ -57,6 +57,12 @@
 // with a block table, as in `sdpa_paged_args`.
 #define SDPA_KV_PAGED 1
 
+// `style` of `sdpa_rope`: GPT-NeoX / Hugging Face Llama, channel `i` paired with `i + r/2`.
+#define SDPA_ROPE_HALVES 1
+
+// `style` of `sdpa_rope`: GPT-J, channels `2i` and `2i + 1` paired.
+#define SDPA_ROPE_INTERLEAVED 2
+
 // The result of every call. `SDPA_STATUS_OK` is 0; the others name what was wrong, and
 // `sdpa_last_error_message()` says it in words.
 typedef enum sdpa_status {
@@ -397,6 +403,65 @@ typedef struct sdpa_merge_args {
   size_t lse_len;
 } sdpa_merge_args;
 
+// A rotary embedding and the positions it rotates at (the Rust `sdpa::Rope`): the first
+// `rotary_dim` channels of every head of token `t` rotated by the angles of `positions[t]`,
+// from the base `theta` (`p · θ^(−2i/r)`, computed in f64) or, when `cos` and `sin` are both
+// given, from the caller's tables (row `p` holds the `rotary_dim / 2` cosines, and sines, of
+// position `p`: scaled variants such as YaRN or Llama 3's).
+typedef struct SdpaRope {
+  // `sizeof(sdpa_rope)` as the caller compiled it.
+  size_t size;
+  // `SDPA_ROPE_HALVES` or `SDPA_ROPE_INTERLEAVED`.
+  uint32_t style;
+  // Rotated channels per head: even, nonzero, at most the head size.
+  size_t rotary_dim;
+  // The base θ (finite, positive; 10000 in most models), used without tables.
+  float theta;
+  // Cosine table (`float`), or NULL (with `table_len` 0) for angles from `theta`.
+  const float *cos;
+  // Sine table, as `cos`.
+  const float *sin;
+  // Entries in each table: a whole number of rows of `rotary_dim / 2`.
+  size_t table_len;
+  // One position per token (`uint32_t`), tokens in the order of the rows rotated.
+  const uint32_t *positions;
+  // Entries at `positions`.
+  size_t positions_len;
+} SdpaRope;
+
+// The operands of `sdpa_append`: a step's new K and V rows (`[B, S, H_kv, d_k]` and
+// `[B, S, H_kv, d_v]`, element type `rows_dtype`: f32, f16 or bf16) written into the caches
+// `k_cache` / `v_cache` (`cache_dtype`, any `SDPA_DTYPE_*`) at slot `slots[b·S + s]` of token
+// `(b, s)`: row `slot % dim 1` of entry `slot / dim 1` of dim 0 (a paged pool
+// `[num_pages, page_size, H_kv, d]`: `page · page_size + offset`, vLLM's slot mapping; or a dense
+// cache `[B, n_kv, H_kv, d]`). `SDPA_DTYPE_I8` caches need `k_scales` / `v_scales`
+// (`[dim 0, dim 1, H_kv, 1]` floats, written with `max|x| / 127` per token and kv head,
+// what `sdpa_options.k_scales` / `v_scales` then read); other caches take none (`data` NULL).
+typedef struct SdpaAppendArgs {
+  // `sizeof(sdpa_append_args)` as the caller compiled it.
+  size_t size;
+  // Element type of `k` and `v` (`SDPA_DTYPE_F32`, `_F16` or `_BF16`).
+  uint32_t rows_dtype;
+  // New key rows.
+  struct sdpa_tensor k;
+  // New value rows.
+  struct sdpa_tensor v;
+  // Element type of the caches (`SDPA_DTYPE_*`).
+  uint32_t cache_dtype;
+  // The key cache (pool).
+  struct sdpa_tensor_mut k_cache;
+  // The value cache (pool).
+  struct sdpa_tensor_mut v_cache;
+  // One slot per token (`size_t`, `B·S`), no slot twice.
+  const size_t *slots;
+  // Entries at `slots`.
+  size_t slots_len;
+  // Per-(token, kv head) key scales of an `SDPA_DTYPE_I8` cache; `data` NULL otherwise.
+  struct sdpa_tensor_mut k_scales;
+  // Per-(token, kv head) value scales, as `k_scales`.
+  struct sdpa_tensor_mut v_scales;
+} SdpaAppendArgs;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -466,6 +531,33 @@ enum sdpa_status sdpa_attention_varlen(const struct sdpa_varlen_args *args,
 // `args` points to a struct whose `size` is set; `parts` holds `n_parts` entries whose pointers
 // are valid as their dims say; the outputs are not accessed by anyone else during the call.
 enum sdpa_status sdpa_merge_partials(const struct sdpa_merge_args *args);
+
+// Rotates `x` (`[batch, seq, heads, head_dim]`, element type `dtype`: f32, f16 or bf16) in
+// place by the rotary embedding `rope`: token `(b, s)` at `rope->positions[b·seq + s]`, every
+// head alike (GPT-NeoX halves or GPT-J pairs, a partial rotary dimension, angles from a base
+// or tables), rounded once to `dtype`. Everything is checked first: nothing is written on
+// error.
+//
+// # Safety
+// `x` and `rope` point to valid structs (`rope->size` set); `x->data` is valid for the
+// elements its view reaches and not accessed by anyone else during the call; `rope`'s arrays
+// are valid for their lengths.
+enum sdpa_status sdpa_rope_apply(uint32_t dtype,
+                                 const struct sdpa_tensor_mut *x,
+                                 const struct SdpaRope *rope);
+
+// Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
+// cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
+// `rope` unless NULL: vLLM's `reshape_and_cache`, FlashAttention-2's `k=`/`v=` of
+// `flash_attn_with_kvcache`. Slots out of range or written twice, shapes, missing or extra
+// scales and values an `int8_t` cache cannot hold are errors, checked before anything is
+// written.
+//
+// # Safety
+// `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
+// valid for what its dims or length say; the caches and scales are not accessed by anyone
+// else during the call.
+enum sdpa_status sdpa_append(const struct SdpaAppendArgs *args, const struct SdpaRope *rope);
 
 // The standard ALiBi slopes for `heads` heads (Press et al.), written to `out`, which holds
 // `out_len ≥ heads` floats.

@@ -407,3 +407,71 @@ pub struct SdpaVarlenArgs {
     /// Number of floats at `lse`: must be `H·total_q` when `lse` is not NULL.
     pub lse_len: usize,
 }
+
+/// `style` of `sdpa_rope`: GPT-NeoX / Hugging Face Llama, channel `i` paired with `i + r/2`.
+pub const SDPA_ROPE_HALVES: u32 = 1;
+/// `style` of `sdpa_rope`: GPT-J, channels `2i` and `2i + 1` paired.
+pub const SDPA_ROPE_INTERLEAVED: u32 = 2;
+
+/// A rotary embedding and the positions it rotates at (the Rust `sdpa::Rope`): the first
+/// `rotary_dim` channels of every head of token `t` rotated by the angles of `positions[t]`,
+/// from the base `theta` (`p · θ^(−2i/r)`, computed in f64) or, when `cos` and `sin` are both
+/// given, from the caller's tables (row `p` holds the `rotary_dim / 2` cosines, and sines, of
+/// position `p`: scaled variants such as YaRN or Llama 3's).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaRope {
+    /// `sizeof(sdpa_rope)` as the caller compiled it.
+    pub size: usize,
+    /// `SDPA_ROPE_HALVES` or `SDPA_ROPE_INTERLEAVED`.
+    pub style: u32,
+    /// Rotated channels per head: even, nonzero, at most the head size.
+    pub rotary_dim: usize,
+    /// The base θ (finite, positive; 10000 in most models), used without tables.
+    pub theta: f32,
+    /// Cosine table (`float`), or NULL (with `table_len` 0) for angles from `theta`.
+    pub cos: *const f32,
+    /// Sine table, as `cos`.
+    pub sin: *const f32,
+    /// Entries in each table: a whole number of rows of `rotary_dim / 2`.
+    pub table_len: usize,
+    /// One position per token (`uint32_t`), tokens in the order of the rows rotated.
+    pub positions: *const u32,
+    /// Entries at `positions`.
+    pub positions_len: usize,
+}
+
+/// The operands of `sdpa_append`: a step's new K and V rows (`[B, S, H_kv, d_k]` and
+/// `[B, S, H_kv, d_v]`, element type `rows_dtype`: f32, f16 or bf16) written into the caches
+/// `k_cache` / `v_cache` (`cache_dtype`, any `SDPA_DTYPE_*`) at slot `slots[b·S + s]` of token
+/// `(b, s)`: row `slot % dim 1` of entry `slot / dim 1` of dim 0 (a paged pool
+/// `[num_pages, page_size, H_kv, d]`: `page · page_size + offset`, vLLM's slot mapping; or a dense
+/// cache `[B, n_kv, H_kv, d]`). `SDPA_DTYPE_I8` caches need `k_scales` / `v_scales`
+/// (`[dim 0, dim 1, H_kv, 1]` floats, written with `max|x| / 127` per token and kv head,
+/// what `sdpa_options.k_scales` / `v_scales` then read); other caches take none (`data` NULL).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaAppendArgs {
+    /// `sizeof(sdpa_append_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of `k` and `v` (`SDPA_DTYPE_F32`, `_F16` or `_BF16`).
+    pub rows_dtype: u32,
+    /// New key rows.
+    pub k: SdpaTensor,
+    /// New value rows.
+    pub v: SdpaTensor,
+    /// Element type of the caches (`SDPA_DTYPE_*`).
+    pub cache_dtype: u32,
+    /// The key cache (pool).
+    pub k_cache: SdpaTensorMut,
+    /// The value cache (pool).
+    pub v_cache: SdpaTensorMut,
+    /// One slot per token (`size_t`, `B·S`), no slot twice.
+    pub slots: *const usize,
+    /// Entries at `slots`.
+    pub slots_len: usize,
+    /// Per-(token, kv head) key scales of an `SDPA_DTYPE_I8` cache; `data` NULL otherwise.
+    pub k_scales: SdpaTensorMut,
+    /// Per-(token, kv head) value scales, as `k_scales`.
+    pub v_scales: SdpaTensorMut,
+}

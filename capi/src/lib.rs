@@ -32,6 +32,7 @@
 mod abi;
 mod call;
 mod dispatch;
+mod serving;
 mod status;
 mod threads;
 mod validate;
@@ -41,6 +42,7 @@ use std::ffi::c_char;
 pub use abi::*;
 use call::{alibi_entry, attention_entry, merge_entry, paged_entry, varlen_entry};
 use dispatch::Call;
+use serving::{append_entry, rope_entry};
 use status::{guard, status_name};
 
 /// Scaled dot-product attention on sdpa's fused kernel: `out = softmax(Q·Kᵀ·scale) · V` with
@@ -135,6 +137,46 @@ pub unsafe extern "C" fn sdpa_attention_varlen(
 pub unsafe extern "C" fn sdpa_merge_partials(args: *const SdpaMergeArgs) -> SdpaStatus {
     // SAFETY: the caller's contract.
     guard(|| unsafe { merge_entry(args) })
+}
+
+/// Rotates `x` (`[batch, seq, heads, head_dim]`, element type `dtype`: f32, f16 or bf16) in
+/// place by the rotary embedding `rope`: token `(b, s)` at `rope->positions[b·seq + s]`, every
+/// head alike (GPT-NeoX halves or GPT-J pairs, a partial rotary dimension, angles from a base
+/// or tables), rounded once to `dtype`. Everything is checked first: nothing is written on
+/// error.
+///
+/// # Safety
+/// `x` and `rope` point to valid structs (`rope->size` set); `x->data` is valid for the
+/// elements its view reaches and not accessed by anyone else during the call; `rope`'s arrays
+/// are valid for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_rope_apply(
+    dtype: u32,
+    x: *const SdpaTensorMut,
+    rope: *const SdpaRope,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { rope_entry(dtype, x, rope) })
+}
+
+/// Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
+/// cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
+/// `rope` unless NULL: vLLM's `reshape_and_cache`, FlashAttention-2's `k=`/`v=` of
+/// `flash_attn_with_kvcache`. Slots out of range or written twice, shapes, missing or extra
+/// scales and values an `int8_t` cache cannot hold are errors, checked before anything is
+/// written.
+///
+/// # Safety
+/// `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
+/// valid for what its dims or length say; the caches and scales are not accessed by anyone
+/// else during the call.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_append(
+    args: *const SdpaAppendArgs,
+    rope: *const SdpaRope,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { append_entry(args, rope) })
 }
 
 /// The standard ALiBi slopes for `heads` heads (Press et al.), written to `out`, which holds

@@ -736,3 +736,162 @@ fn varlen_errors_give_statuses_and_the_rust_messages() {
     a.size = std::mem::size_of::<SdpaPagedArgs>();
     assert_eq!(call(&a, &no_options()), SdpaStatus::InvalidStructSize);
 }
+
+fn rope_of(positions: &[u32], style: u32, rotary_dim: usize) -> SdpaRope {
+    SdpaRope {
+        size: std::mem::size_of::<SdpaRope>(),
+        style,
+        rotary_dim,
+        theta: 10_000.0,
+        cos: ptr::null(),
+        sin: ptr::null(),
+        table_len: 0,
+        positions: positions.as_ptr(),
+        positions_len: positions.len(),
+    }
+}
+
+/// `sdpa_append` and `sdpa_rope_apply` give the Rust `append` and `Rope::apply`'s bits: f32 rows
+/// into f16 pages with RoPE (halves), into int8 pages with their scales (pairs, partial rotary
+/// dimension), Q rotated in place; and their errors are statuses with nothing written.
+#[test]
+fn append_and_rope_match_the_rust_api() {
+    use sdpa::{append, Rope, RopeStyle};
+    let (pages, page, n) = (4, 4, 5);
+    let pool = [pages, page, HKV, D];
+    let k = data(n * HKV * D, 31);
+    let v = data(n * HKV * D, 32);
+    let slots = [13usize, 2, 7, 0, 15];
+    let positions = [3u32, 9, 0, 4, 1];
+    let rows = [1, n, HKV, D];
+    // f32 rows into f16 pages, K rotated (halves).
+    let mut kc = vec![f16::from_f32(9.0); pages * page * HKV * D];
+    let mut vc = kc.clone();
+    let (mut kr, mut vr) = (kc.clone(), kc.clone());
+    let rope = rope_of(&positions, SDPA_ROPE_HALVES, D);
+    let args = |kc: &mut [f16], vc: &mut [f16]| SdpaAppendArgs {
+        size: std::mem::size_of::<SdpaAppendArgs>(),
+        rows_dtype: SDPA_DTYPE_F32,
+        k: tensor(&k, rows, contiguous(rows)),
+        v: tensor(&v, rows, contiguous(rows)),
+        cache_dtype: SDPA_DTYPE_F16,
+        k_cache: tensor_mut(kc, pool),
+        v_cache: tensor_mut(vc, pool),
+        slots: slots.as_ptr(),
+        slots_len: slots.len(),
+        k_scales: tensor_mut::<f32>(&mut [], [0; 4]),
+        v_scales: tensor_mut::<f32>(&mut [], [0; 4]),
+    };
+    let mut a = args(&mut kc, &mut vc);
+    a.k_scales.data = ptr::null_mut();
+    a.v_scales.data = ptr::null_mut();
+    // SAFETY: every pointer is valid for its dims or length.
+    assert_eq!(unsafe { sdpa_append(&a, &rope) }, SdpaStatus::Ok, "{}", message());
+    let r = Rope::new(RopeStyle::Halves, D, 10_000.0);
+    append(
+        &Tensor::bshd(&k, rows).unwrap(),
+        &Tensor::bshd(&v, rows).unwrap(),
+        &mut TensorMut::bshd(&mut kr, pool).unwrap(),
+        &mut TensorMut::bshd(&mut vr, pool).unwrap(),
+        &slots,
+        None,
+        Some((&r, &positions)),
+    )
+    .unwrap();
+    assert_eq!(bits(&kc), bits(&kr));
+    assert_eq!(bits(&vc), bits(&vr));
+
+    // int8 pages with scales, pairs over half the channels.
+    let mut k8 = vec![0i8; pages * page * HKV * D];
+    let mut v8 = k8.clone();
+    let mut ks = vec![0f32; pages * page * HKV];
+    let mut vs = ks.clone();
+    let (mut k8r, mut v8r, mut ksr, mut vsr) = (k8.clone(), v8.clone(), ks.clone(), vs.clone());
+    let scale_dims = [pages, page, HKV, 1];
+    let rope = rope_of(&positions, SDPA_ROPE_INTERLEAVED, D / 2);
+    let a = SdpaAppendArgs {
+        size: std::mem::size_of::<SdpaAppendArgs>(),
+        rows_dtype: SDPA_DTYPE_F32,
+        k: tensor(&k, rows, contiguous(rows)),
+        v: tensor(&v, rows, contiguous(rows)),
+        cache_dtype: SDPA_DTYPE_I8,
+        k_cache: tensor_mut(&mut k8, pool),
+        v_cache: tensor_mut(&mut v8, pool),
+        slots: slots.as_ptr(),
+        slots_len: slots.len(),
+        k_scales: tensor_mut(&mut ks, scale_dims),
+        v_scales: tensor_mut(&mut vs, scale_dims),
+    };
+    // SAFETY: as above.
+    assert_eq!(unsafe { sdpa_append(&a, &rope) }, SdpaStatus::Ok, "{}", message());
+    let r = Rope::new(RopeStyle::Interleaved, D / 2, 10_000.0);
+    append(
+        &Tensor::bshd(&k, rows).unwrap(),
+        &Tensor::bshd(&v, rows).unwrap(),
+        &mut TensorMut::bshd(&mut k8r, pool).unwrap(),
+        &mut TensorMut::bshd(&mut v8r, pool).unwrap(),
+        &slots,
+        Some((
+            &mut TensorMut::bshd(&mut ksr, scale_dims).unwrap(),
+            &mut TensorMut::bshd(&mut vsr, scale_dims).unwrap(),
+        )),
+        Some((&r, &positions)),
+    )
+    .unwrap();
+    assert_eq!((&k8, &v8), (&k8r, &v8r));
+    assert_eq!(bits(&ks), bits(&ksr));
+    assert_eq!(bits(&vs), bits(&vsr));
+
+    // Q rotated in place.
+    let mut q = data(n * H * D, 33);
+    let mut qr = q.clone();
+    let x = tensor_mut(&mut q, [1, n, H, D]);
+    let rope = rope_of(&positions, SDPA_ROPE_HALVES, D);
+    // SAFETY: valid pointers.
+    assert_eq!(
+        unsafe { sdpa_rope_apply(SDPA_DTYPE_F32, &x, &rope) },
+        SdpaStatus::Ok,
+        "{}",
+        message()
+    );
+    Rope::new(RopeStyle::Halves, D, 10_000.0)
+        .apply(&mut TensorMut::bshd(&mut qr, [1, n, H, D]).unwrap(), &positions)
+        .unwrap();
+    assert_eq!(bits(&q), bits(&qr));
+
+    // Errors: statuses, nothing written.
+    let before = q.clone();
+    let x = tensor_mut(&mut q, [1, n, H, D]);
+    let mut bad = rope_of(&positions, 7, D);
+    // SAFETY: valid pointers (NULL arrays are checked).
+    let status = unsafe { sdpa_rope_apply(SDPA_DTYPE_F32, &x, &bad) };
+    assert_eq!(status, SdpaStatus::InvalidArgument);
+    bad = rope_of(&positions, SDPA_ROPE_HALVES, D);
+    bad.positions = ptr::null();
+    // SAFETY: as above.
+    let status = unsafe { sdpa_rope_apply(SDPA_DTYPE_F32, &x, &bad) };
+    assert_eq!(status, SdpaStatus::NullPointer);
+    bad = rope_of(&positions[..4], SDPA_ROPE_HALVES, D);
+    // SAFETY: as above.
+    let status = unsafe { sdpa_rope_apply(SDPA_DTYPE_F32, &x, &bad) };
+    assert_ne!(status, SdpaStatus::Ok);
+    assert!(message().contains("positions"), "{}", message());
+    assert_eq!(bits(&q), bits(&before));
+    let mut kc2 = vec![f16::from_f32(9.0); pages * page * HKV * D];
+    let mut vc2 = kc2.clone();
+    let twice = [1usize, 2, 1, 3, 4];
+    let mut a = args(&mut kc2, &mut vc2);
+    a.k_scales.data = ptr::null_mut();
+    a.v_scales.data = ptr::null_mut();
+    a.slots = twice.as_ptr();
+    // SAFETY: as above.
+    assert_ne!(unsafe { sdpa_append(&a, ptr::null()) }, SdpaStatus::Ok);
+    assert!(kc2.iter().chain(&vc2).all(|x| x.to_f32() == 9.0));
+    // The cache over the new rows: aliasing.
+    let mut a = args(&mut kc2, &mut vc2);
+    a.k_scales.data = ptr::null_mut();
+    a.v_scales.data = ptr::null_mut();
+    a.v_cache.data = k.as_ptr() as *mut _;
+    // SAFETY: as above (the call rejects the aliasing before writing).
+    assert_eq!(unsafe { sdpa_append(&a, ptr::null()) }, SdpaStatus::AliasedBuffers);
+}
