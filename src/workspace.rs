@@ -77,6 +77,8 @@ impl Workspace {
             v: *v,
             map: RowMap::Dense,
         };
+        // (Not a plan's call: whatever a plan left, even one forgotten without its drop.)
+        self.inner.set_planned(false);
         fused::run(
             &mut self.inner,
             &problem,
@@ -107,6 +109,8 @@ impl Workspace {
             v: *v,
             map: RowMap::Dense,
         };
+        // (Not a plan's call: whatever a plan left, even one forgotten without its drop.)
+        self.inner.set_planned(false);
         fused::run(
             &mut self.inner,
             &problem,
@@ -132,6 +136,8 @@ impl Workspace {
     ) -> Result<(), Error> {
         let problem = Problem::new_paged(q, kv, out.dims(), lse.as_deref(), opts)?;
         let source = paged_source(kv);
+        // (Not a plan's call: whatever a plan left, even one forgotten without its drop.)
+        self.inner.set_planned(false);
         fused::run(
             &mut self.inner,
             &problem,
@@ -165,6 +171,8 @@ impl Workspace {
             },
             VarlenKv::Paged(p) => paged_source(p),
         };
+        // (Not a plan's call: whatever a plan left, even one forgotten without its drop.)
+        self.inner.set_planned(false);
         fused::run(
             &mut self.inner,
             &problem,

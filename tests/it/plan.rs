@@ -416,3 +416,40 @@ fn sequences_without_rows_cost_no_work_items() {
     cu.extend(std::iter::repeat_n(n, 10_001));
     assert_eq!(run(&cu), alone);
 }
+
+/// A plan's cached schedule never reaches a later plain call on its workspace, even when the
+/// plan is forgotten without being dropped: the next call with other offsets of the same
+/// sequence count gives the bits of a fresh workspace.
+#[test]
+fn a_forgotten_plan_leaves_its_workspace_usable() {
+    let n = 24;
+    let q = values(n * H * D, 1);
+    let k = values(n * H_KV * D, 2);
+    let v = values(n * H_KV * D, 3);
+    let qv = Tensor::bshd(&q, [1, n, H, D]).unwrap();
+    let kv_dims = [1, n, H_KV, D];
+    let (kt, vt) = (
+        Tensor::bshd(&k, kv_dims).unwrap(),
+        Tensor::bshd(&v, kv_dims).unwrap(),
+    );
+    let opts = Options::new().causal(Alignment::BottomRight);
+    let (planned, other) = ([0usize, 20, 24], [0usize, 4, 24]);
+    let mut ws = Workspace::new();
+    let step = StepKv::Packed {
+        cu_seqlens_k: &planned,
+    };
+    let mut plan = Plan::in_workspace(&mut ws, &planned, step, heads(), &opts).unwrap();
+    let mut out = vec![0.0f32; n * H * D];
+    let mut o = TensorMut::bshd(&mut out, [1, n, H, D]).unwrap();
+    plan.run(&qv, &kt, &vt, &mut o, None, &Layer::new()).unwrap();
+    std::mem::forget(plan);
+    let run = |ws: &mut Workspace| {
+        let mut out = vec![0.0f32; n * H * D];
+        let mut o = TensorMut::bshd(&mut out, [1, n, H, D]).unwrap();
+        let kv = VarlenKv::Packed(PackedKv::new(kt, vt, &other));
+        ws.attention_varlen(&qv, &other, &kv, &mut o, None, &opts)
+            .unwrap();
+        out
+    };
+    assert_eq!(run(&mut ws), run(&mut Workspace::new()));
+}
