@@ -422,7 +422,7 @@ fn sequences_without_rows_cost_no_work_items() {
 /// sequence count gives the bits of a fresh workspace.
 #[test]
 fn a_forgotten_plan_leaves_its_workspace_usable() {
-    let n = 24;
+    let n = 200;
     let q = values(n * H * D, 1);
     let k = values(n * H_KV * D, 2);
     let v = values(n * H_KV * D, 3);
@@ -433,7 +433,8 @@ fn a_forgotten_plan_leaves_its_workspace_usable() {
         Tensor::bshd(&v, kv_dims).unwrap(),
     );
     let opts = Options::new().causal(Alignment::BottomRight);
-    let (planned, other) = ([0usize, 20, 24], [0usize, 4, 24]);
+    // Query blocks of many rows each: the two offsets give other blocks per sequence.
+    let (planned, other) = ([0usize, 190, 200], [0usize, 10, 200]);
     let mut ws = Workspace::new();
     let step = StepKv::Packed {
         cu_seqlens_k: &planned,
