@@ -4,7 +4,7 @@
 //! [`Plan::run`] per layer with that layer's Q, K/V pools, output and (for `i8` caches) scales,
 //! checking only those. FlashInfer's `plan()`/`run()`, ggml's `cplan`.
 //!
-//! A plan holds its own [`Workspace`](crate::Workspace) memory, so after the first layers of
+//! A plan holds its own [`Workspace`] memory, so after the first layers of
 //! each kind of step (decode-only, or with prefill rows) its runs allocate nothing. Results
 //! are bitwise identical to [`attention_varlen`](crate::attention_varlen) with the same
 //! operands.

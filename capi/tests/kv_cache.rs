@@ -786,7 +786,12 @@ fn append_and_rope_match_the_rust_api() {
     a.k_scales.data = ptr::null_mut();
     a.v_scales.data = ptr::null_mut();
     // SAFETY: every pointer is valid for its dims or length.
-    assert_eq!(unsafe { sdpa_append(&a, &rope) }, SdpaStatus::Ok, "{}", message());
+    assert_eq!(
+        unsafe { sdpa_append(&a, &rope) },
+        SdpaStatus::Ok,
+        "{}",
+        message()
+    );
     let r = Rope::new(RopeStyle::Halves, D, 10_000.0);
     append(
         &Tensor::bshd(&k, rows).unwrap(),
@@ -823,7 +828,12 @@ fn append_and_rope_match_the_rust_api() {
         v_scales: tensor_mut(&mut vs, scale_dims),
     };
     // SAFETY: as above.
-    assert_eq!(unsafe { sdpa_append(&a, &rope) }, SdpaStatus::Ok, "{}", message());
+    assert_eq!(
+        unsafe { sdpa_append(&a, &rope) },
+        SdpaStatus::Ok,
+        "{}",
+        message()
+    );
     let r = Rope::new(RopeStyle::Interleaved, D / 2, 10_000.0);
     append(
         &Tensor::bshd(&k, rows).unwrap(),
@@ -855,7 +865,10 @@ fn append_and_rope_match_the_rust_api() {
         message()
     );
     Rope::new(RopeStyle::Halves, D, 10_000.0)
-        .apply(&mut TensorMut::bshd(&mut qr, [1, n, H, D]).unwrap(), &positions)
+        .apply(
+            &mut TensorMut::bshd(&mut qr, [1, n, H, D]).unwrap(),
+            &positions,
+        )
         .unwrap();
     assert_eq!(bits(&q), bits(&qr));
 
@@ -893,5 +906,8 @@ fn append_and_rope_match_the_rust_api() {
     a.v_scales.data = ptr::null_mut();
     a.v_cache.data = k.as_ptr() as *mut _;
     // SAFETY: as above (the call rejects the aliasing before writing).
-    assert_eq!(unsafe { sdpa_append(&a, ptr::null()) }, SdpaStatus::AliasedBuffers);
+    assert_eq!(
+        unsafe { sdpa_append(&a, ptr::null()) },
+        SdpaStatus::AliasedBuffers
+    );
 }

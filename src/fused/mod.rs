@@ -310,7 +310,7 @@ fn run_erased(ws: &mut Workspace, call: Call<'_, '_>, kv: AnyKv<'_>) -> Result<(
 }
 
 /// The driver's part that depends on the K/V source: runs each work unit through
-/// [`stream_item`] on the dispatched backend, pass by pass ([`passes`]); [`run_schedule`]
+/// [`stream_item`] on the dispatched backend, in one pass or two ([`decode_rows`]); [`run_schedule`]
 /// does the rest.
 fn run_source<KV: KvSource>(ws: &mut Workspace, call: Call<'_, '_>, kv: KV) -> Result<(), Error> {
     let Call {

@@ -442,7 +442,8 @@ fn a_forgotten_plan_leaves_its_workspace_usable() {
     let mut plan = Plan::in_workspace(&mut ws, &planned, step, heads(), &opts).unwrap();
     let mut out = vec![0.0f32; n * H * D];
     let mut o = TensorMut::bshd(&mut out, [1, n, H, D]).unwrap();
-    plan.run(&qv, &kt, &vt, &mut o, None, &Layer::new()).unwrap();
+    plan.run(&qv, &kt, &vt, &mut o, None, &Layer::new())
+        .unwrap();
     std::mem::forget(plan);
     let run = |ws: &mut Workspace| {
         let mut out = vec![0.0f32; n * H * D];
