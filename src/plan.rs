@@ -14,7 +14,7 @@ use crate::error::{Dim, Error, Operand};
 use crate::fused;
 use crate::kv_cache::{PackedKv, PagedKv, RowMap, TensorKv, VarlenKv};
 use crate::options::Options;
-use crate::problem::{bf16_inputs, check_sinks, Problem};
+use crate::problem::{bf16_inputs, check_sinks, expect, Problem};
 use crate::tensor::{Tensor, TensorMut};
 use crate::workspace::Workspace;
 
@@ -307,7 +307,7 @@ impl<'s> Plan<'s> {
     /// Attention of one layer: Q `[1, total_q, H, d_k]` and `out` `[1, total_q, H, d_v]` (any
     /// strides), `lse` `[H, total_q]` if given, K/V the layer's pools (paged: `[num_pages,
     /// page_size, H_kv, d]`, at least the pages the step's table reaches; packed: `[1,
-    /// total_kv, H_kv, d]`), any element types. Only these are checked; the result is
+    /// total_kv, H_kv, d]` with `total_kv` the last of `cu_seqlens_k`), any element types. Only these are checked; the result is
     /// [`attention_varlen`](crate::attention_varlen)'s, bit for bit.
     ///
     /// # Errors
@@ -393,19 +393,4 @@ impl<'s> Plan<'s> {
             self.tile_counter,
         )
     }
-}
-
-/// Checks `got` against `want` dim by dim ([`Error::ShapeMismatch`] at the first difference).
-fn expect(operand: Operand, got: [usize; 4], want: [usize; 4]) -> Result<(), Error> {
-    for (dim, (&g, &w)) in Dim::ALL.into_iter().zip(got.iter().zip(&want)) {
-        if g != w {
-            return Err(Error::ShapeMismatch {
-                operand,
-                dim,
-                expected: w,
-                got: g,
-            });
-        }
-    }
-    Ok(())
 }

@@ -162,8 +162,8 @@ fn check_len<T>(s: &[T], len: usize, operand: Operand) -> Result<(), Error> {
     }
 }
 
-/// Checks each dim of `got` against `want`.
-fn expect(operand: Operand, got: [usize; 4], want: [usize; 4]) -> Result<(), Error> {
+/// Checks each dim of `got` against `want` ([`Error::ShapeMismatch`] at the first difference).
+pub(crate) fn expect(operand: Operand, got: [usize; 4], want: [usize; 4]) -> Result<(), Error> {
     for ((&g, &w), dim) in got.iter().zip(&want).zip(Dim::ALL) {
         if g != w {
             return Err(Error::ShapeMismatch {
