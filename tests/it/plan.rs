@@ -387,21 +387,36 @@ fn a_plan_checks_each_layer_and_writes_nothing_on_error() {
     );
 }
 
+/// Q, K and V values of `n` packed rows.
+fn packed_rows(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (
+        values(n * H * D, 1),
+        values(n * H_KV * D, 2),
+        values(n * H_KV * D, 3),
+    )
+}
+
+/// `[1, n, H, D]` Q and `[1, n, H_KV, D]` K, V views of [`packed_rows`].
+fn packed_views<'a>(
+    n: usize,
+    (q, k, v): (&'a [f32], &'a [f32], &'a [f32]),
+) -> (Tensor<'a, f32>, Tensor<'a, f32>, Tensor<'a, f32>) {
+    let kv_dims = [1, n, H_KV, D];
+    (
+        Tensor::bshd(q, [1, n, H, D]).unwrap(),
+        Tensor::bshd(k, kv_dims).unwrap(),
+        Tensor::bshd(v, kv_dims).unwrap(),
+    )
+}
+
 /// A packed batch of one long sequence among many without rows gives the long sequence's
 /// result alone, bit for bit (its work items, and so its split count, are the same), and
 /// the empty sequences schedule no items (`kv_cache_bench` times it).
 #[test]
 fn sequences_without_rows_cost_no_work_items() {
     let n = 40;
-    let q = values(n * H * D, 1);
-    let k = values(n * H_KV * D, 2);
-    let v = values(n * H_KV * D, 3);
-    let qv = Tensor::bshd(&q, [1, n, H, D]).unwrap();
-    let kv_dims = [1, n, H_KV, D];
-    let (kt, vt) = (
-        Tensor::bshd(&k, kv_dims).unwrap(),
-        Tensor::bshd(&v, kv_dims).unwrap(),
-    );
+    let (q, k, v) = packed_rows(n);
+    let (qv, kt, vt) = packed_views(n, (&q, &k, &v));
     let opts = Options::new().causal(Alignment::BottomRight);
     let run = |cu: &[usize]| {
         let mut out = vec![0.0f32; n * H * D];
@@ -423,15 +438,8 @@ fn sequences_without_rows_cost_no_work_items() {
 #[test]
 fn a_forgotten_plan_leaves_its_workspace_usable() {
     let n = 200;
-    let q = values(n * H * D, 1);
-    let k = values(n * H_KV * D, 2);
-    let v = values(n * H_KV * D, 3);
-    let qv = Tensor::bshd(&q, [1, n, H, D]).unwrap();
-    let kv_dims = [1, n, H_KV, D];
-    let (kt, vt) = (
-        Tensor::bshd(&k, kv_dims).unwrap(),
-        Tensor::bshd(&v, kv_dims).unwrap(),
-    );
+    let (q, k, v) = packed_rows(n);
+    let (qv, kt, vt) = packed_views(n, (&q, &k, &v));
     let opts = Options::new().causal(Alignment::BottomRight);
     // Query blocks of many rows each: the two offsets give other blocks per sequence.
     let (planned, other) = ([0usize, 190, 200], [0usize, 10, 200]);
