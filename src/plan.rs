@@ -40,6 +40,36 @@ pub enum StepKv<'s> {
     },
 }
 
+impl StepKv<'_> {
+    /// The slot of key `position` of sequence `seq` — where [`append`](crate::append) writes
+    /// it in a pool of this layout: paged, `page · page_size + position % page_size` with
+    /// `page` the table's entry `position / page_size` of the sequence; packed, the row
+    /// `cu_seqlens_k[seq] + position` of `[1, total_kv, H_kv, d]`. `None` past the sequence's
+    /// table row or packed keys (or the table's or offsets' end).
+    pub fn slot(&self, seq: usize, position: usize) -> Option<usize> {
+        match *self {
+            StepKv::Paged {
+                block_table,
+                pages_per_seq,
+                page_size,
+            } => {
+                let entry = position.checked_div(page_size)?;
+                if entry >= pages_per_seq {
+                    return None;
+                }
+                let at = seq.checked_mul(pages_per_seq)?.checked_add(entry)?;
+                let page = *block_table.get(at)? as usize;
+                page.checked_mul(page_size)?
+                    .checked_add(position % page_size)
+            }
+            StepKv::Packed { cu_seqlens_k } => {
+                let (start, end) = (*cu_seqlens_k.get(seq)?, *cu_seqlens_k.get(seq + 1)?);
+                start.checked_add(position).filter(|&row| row < end)
+            }
+        }
+    }
+}
+
 /// The heads and head sizes of a [`Plan`]: `heads` query heads, `kv_heads` K/V heads, `d_k`
 /// the head size of Q and K, `d_v` of V and the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,6 +327,60 @@ impl<'s> Plan<'s> {
     /// Sequences in the step.
     pub fn sequences(&self) -> usize {
         self.problem.batch
+    }
+
+    /// Where this step's new rows go: for query row `r` of sequence `b` (packed row
+    /// `cu_seqlens_q[b] + r`), the key position `kv_len(b) − n_q(b) + r` (the rows are the
+    /// sequence's last keys, as with [`Options::cache_seqlens`]: position `cache_seqlens[b] +
+    /// r`) into `positions`, for [`Rope`](crate::Rope), and its [`StepKv::slot`] into
+    /// `slots`, for [`append`](crate::append) — FlashAttention-2's `flash_attn_with_kvcache(k=,
+    /// v=)` addressing, through the block table.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] ([`Operand::Slots`], [`Operand::Positions`]) unless both have
+    /// `total_q` entries; [`Error::InvalidValue`] ([`Operand::KvLens`], the sequence) for a
+    /// sequence with fewer keys than new rows (its `kv_lens` do not include them), or a
+    /// position beyond `u32::MAX`. Nothing is written on error.
+    pub fn new_rows(&self, slots: &mut [usize], positions: &mut [u32]) -> Result<(), Error> {
+        for (operand, got) in [
+            (Operand::Slots, slots.len()),
+            (Operand::Positions, positions.len()),
+        ] {
+            if got != self.total_q {
+                return Err(Error::LengthMismatch {
+                    operand,
+                    expected: self.total_q,
+                    got,
+                });
+            }
+        }
+        let p = &self.problem;
+        let first = |b: usize| p.kv_len(b).checked_sub(p.q_len(b));
+        if let Some(b) = (0..p.batch).find(|&b| {
+            first(b).is_none_or(|f| f.saturating_add(p.q_len(b)) > u32::MAX as usize + 1)
+        }) {
+            return Err(Error::InvalidValue {
+                operand: Operand::KvLens,
+                index: b,
+                reason: match first(b) {
+                    None => {
+                        "fewer keys than new rows: the key lengths must include this step's rows"
+                    }
+                    Some(_) => "a position beyond u32::MAX",
+                },
+            });
+        }
+        let mut row = 0;
+        for b in 0..p.batch {
+            let first = first(b).expect("checked above");
+            for position in first..first + p.q_len(b) {
+                // In range: `kv_len(b)` keys fit the sequence's table row or packed keys.
+                slots[row] = self.kv.slot(b, position).expect("validated lengths");
+                positions[row] = position as u32;
+                row += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Bytes of kernel memory the plan holds (as [`Workspace::bytes`](crate::Workspace::bytes)).

@@ -463,3 +463,106 @@ fn a_forgotten_plan_leaves_its_workspace_usable() {
     };
     assert_eq!(run(&mut ws), run(&mut Workspace::new()));
 }
+
+/// `Plan::new_rows`: each new row's position is its sequence's cached keys plus its index,
+/// its slot the block table's page for that position (or the packed row at the sequence's
+/// end), whichever length convention the step was given.
+#[test]
+fn new_rows_are_the_positions_after_the_cached_keys_and_their_slots() {
+    let s = paged_step();
+    let total_q = *s.cu_q.last().unwrap();
+    let (mut want_slots, mut want_positions) = (vec![], vec![]);
+    for (b, &before) in s.before.iter().enumerate() {
+        for pos in before..s.after[b] {
+            let page = s.table[b * s.pages_per_seq + pos / PAGE] as usize;
+            want_slots.push(page * PAGE + pos % PAGE);
+            want_positions.push(pos as u32);
+        }
+    }
+    assert_eq!(want_slots.len(), total_q);
+    let step = StepKv::Paged {
+        block_table: &s.table,
+        pages_per_seq: s.pages_per_seq,
+        page_size: PAGE,
+    };
+    for opts in [
+        Options::new().cache_seqlens(&s.before),
+        Options::new().kv_lens(&s.after),
+    ] {
+        let plan = Plan::new(&s.cu_q, step, heads(), &opts).unwrap();
+        let (mut slots, mut positions) = (vec![0; total_q], vec![0; total_q]);
+        plan.new_rows(&mut slots, &mut positions).unwrap();
+        assert_eq!(slots, want_slots);
+        assert_eq!(positions, want_positions);
+    }
+
+    // Packed: the rows are the last keys of each sequence's segment.
+    let cu_q = [0usize, 2, 2, 5];
+    let cu_k = [0usize, 6, 9, 12];
+    let step = StepKv::Packed {
+        cu_seqlens_k: &cu_k,
+    };
+    let plan = Plan::new(&cu_q, step, heads(), &Options::new()).unwrap();
+    let (mut slots, mut positions) = (vec![0; 5], vec![0; 5]);
+    plan.new_rows(&mut slots, &mut positions).unwrap();
+    assert_eq!(slots, [4, 5, 9, 10, 11]);
+    assert_eq!(positions, [4, 5, 0, 1, 2]);
+    // With lengths shorter than the segments, the rows follow each sequence's length.
+    let before = [1usize, 3, 0];
+    let plan = Plan::new(&cu_q, step, heads(), &Options::new().cache_seqlens(&before)).unwrap();
+    plan.new_rows(&mut slots, &mut positions).unwrap();
+    assert_eq!(slots, [1, 2, 9, 10, 11]);
+    assert_eq!(positions, [1, 2, 0, 1, 2]);
+    assert_eq!(step.slot(1, 3), None);
+    assert_eq!(step.slot(3, 0), None);
+}
+
+#[test]
+fn new_rows_refuse_lengths_without_the_rows_and_write_nothing() {
+    let s = paged_step();
+    let total_q = *s.cu_q.last().unwrap();
+    let step = StepKv::Paged {
+        block_table: &s.table,
+        pages_per_seq: s.pages_per_seq,
+        page_size: PAGE,
+    };
+    // `kv_lens` that leave out the step's rows of sequence 3 (17 rows, 0 cached keys).
+    let mut short = s.after.clone();
+    short[3] = 16;
+    let plan = Plan::new(&s.cu_q, step, heads(), &Options::new().kv_lens(&short)).unwrap();
+    let (mut slots, mut positions) = (vec![7; total_q], vec![7; total_q]);
+    assert!(matches!(
+        plan.new_rows(&mut slots, &mut positions),
+        Err(Error::InvalidValue {
+            operand: Operand::KvLens,
+            index: 3,
+            ..
+        })
+    ));
+    assert!(slots.iter().all(|&x| x == 7) && positions.iter().all(|&p| p == 7));
+    let plan = Plan::new(&s.cu_q, step, heads(), &Options::new().kv_lens(&s.after)).unwrap();
+    let mut one_short = vec![0; total_q - 1];
+    assert!(matches!(
+        plan.new_rows(&mut one_short, &mut positions),
+        Err(Error::LengthMismatch {
+            operand: Operand::Slots,
+            ..
+        })
+    ));
+    assert!(matches!(
+        plan.new_rows(&mut slots, &mut positions[1..]),
+        Err(Error::LengthMismatch {
+            operand: Operand::Positions,
+            ..
+        })
+    ));
+    assert!(slots.iter().all(|&x| x == 7));
+    // Paged slots past a table row, or a page size of 0, have no slot.
+    assert_eq!(step.slot(0, s.pages_per_seq * PAGE), None);
+    let zero = StepKv::Paged {
+        block_table: &s.table,
+        pages_per_seq: s.pages_per_seq,
+        page_size: 0,
+    };
+    assert_eq!(zero.slot(0, 0), None);
+}
