@@ -12,13 +12,16 @@
 //! (ties to even; a row of zeros gets scale 0 and zeros), so each stored value dequantizes to
 //! within `scale / 2` of the f32 row, which is what [`Options::kv_scales`] with per-(token, kv
 //! head) scales `[dim 0, dim 1, H_kv, 1]` reads. Rows with NaN, ±∞ or values above 2¹²⁰ in
-//! magnitude cannot be stored as `i8`: an error.
+//! magnitude cannot be stored as `i8`: an error. [`append_scaled`] writes `i8` rows with
+//! scales the caller gives instead (per tensor, per (kv head, channel), any broadcast:
+//! vLLM's static `k_scale`/`v_scale`), saturating values beyond `127 · |scale|`.
 //!
 //! [`PagedKv`]: crate::PagedKv
 //! [`Options::kv_scales`]: crate::Options::kv_scales
 
 use crate::element::{store_kv, Element, KvElement};
 use crate::error::{Dim, Error, Operand};
+use crate::problem::{broadcast, Broadcast, MAX_SCALE};
 use crate::rope::{Rope, Rotation};
 use crate::tensor::{offset, Tensor, TensorMut};
 
@@ -52,8 +55,6 @@ pub fn append<S: Element, T: KvElement>(
     mut scales: Option<AppendScales<'_, '_>>,
     rope: Option<(&Rope<'_>, &[u32])>,
 ) -> Result<(), Error> {
-    let [batch, seq, heads, d_k] = k.dims();
-    let d_v = v.dims()[3];
     check(
         k,
         v,
@@ -62,6 +63,96 @@ pub fn append<S: Element, T: KvElement>(
         slots,
         scales.as_ref().map(|(a, b)| (a.dims(), b.dims())),
     )?;
+    let (k_scaling, v_scaling) = match scales.as_mut() {
+        Some((ks, vs)) => (Scaling::Row(&mut **ks), Scaling::Row(&mut **vs)),
+        None => (Scaling::Plain, Scaling::Plain),
+    };
+    write(k, v, k_cache, v_cache, slots, [k_scaling, v_scaling], rope)
+}
+
+/// [`append`] into an `i8` cache with scales the caller gives: `k_scales` and `v_scales` are
+/// views that broadcast against the caches' dims (K's `[dim 0, dim 1, H_kv, d_k]`, V's with
+/// `d_v`), as [`Options::kv_scales`] reads them — per tensor `[1, 1, 1, 1]`, per (kv head,
+/// channel) `[1, 1, H_kv, d]`, … — and pass the same views to the attention call. Each value is
+/// stored as `round(x / scale)` (ties to even) saturated to ±127, so values within `127 ·
+/// |scale|` dequantize to within `|scale| / 2` and larger ones clip (a scale of 0 stores 0).
+/// The scales are not written.
+///
+/// # Errors
+/// Those of [`append`] (without its scale errors), and [`Error::NotBroadcastable`] for scales
+/// that do not broadcast against the cache, [`Error::InvalidValue`] ([`Operand::KeyScales`],
+/// [`Operand::ValueScales`], the scale's storage index) for a scale this call reads that is not
+/// finite or beyond `f32::MAX / 128` in magnitude (what [`Options::kv_scales`] accepts).
+#[allow(clippy::too_many_arguments)] // the rows, the cache, where, its scales and the rope
+pub fn append_scaled<S: Element>(
+    k: &Tensor<'_, S>,
+    v: &Tensor<'_, S>,
+    k_cache: &mut TensorMut<'_, i8>,
+    v_cache: &mut TensorMut<'_, i8>,
+    slots: &[usize],
+    k_scales: &Tensor<'_, f32>,
+    v_scales: &Tensor<'_, f32>,
+    rope: Option<(&Rope<'_>, &[u32])>,
+) -> Result<(), Error> {
+    // The shapes and slots as `append` with per-token scales would check them.
+    let [kc, vc] = [k_cache.dims(), v_cache.dims()];
+    let per_token = [kc[0], kc[1], kc[2], 1];
+    check(k, v, k_cache, v_cache, slots, Some((per_token, per_token)))?;
+    let k_view = given_scales(k_scales, kc, Operand::KeyScales, slots)?;
+    let v_view = given_scales(v_scales, vc, Operand::ValueScales, slots)?;
+    let scaling = [Scaling::Given(k_view), Scaling::Given(v_view)];
+    write(k, v, k_cache, v_cache, slots, scaling, rope)
+}
+
+/// `t` as scales of a cache with dims `dims`: broadcastable, and every scale the rows at
+/// `slots` read valid (as [`Options::kv_scales`](crate::Options::kv_scales) requires).
+fn given_scales<'a>(
+    t: &Tensor<'a, f32>,
+    dims: [usize; 4],
+    operand: Operand,
+    slots: &[usize],
+) -> Result<Broadcast<'a, f32>, Error> {
+    let view = broadcast(t, dims, operand)?;
+    for &slot in slots {
+        let (e0, e1) = (slot / dims[1], slot % dims[1]);
+        for h in 0..dims[2] {
+            for c in 0..dims[3] {
+                let at = offset([e0, e1, h, c], view.strides);
+                // A NaN fails `≤` too.
+                if !(view.data[at].abs() <= MAX_SCALE) {
+                    return Err(Error::InvalidValue {
+                        operand,
+                        index: at,
+                        reason: "scale is not finite, or |scale|·128 overflows f32",
+                    });
+                }
+            }
+        }
+    }
+    Ok(view)
+}
+
+/// How rows become `T`: as they are, or `i8` with a scale per row (computed and written) or
+/// per element (given).
+enum Scaling<'s, 'a> {
+    Plain,
+    Row(&'s mut TensorMut<'a, f32>),
+    Given(Broadcast<'a, f32>),
+}
+
+/// The checks on values and the writes of [`append`] and [`append_scaled`], after their
+/// other checks.
+fn write<S: Element, T: KvElement>(
+    k: &Tensor<'_, S>,
+    v: &Tensor<'_, S>,
+    k_cache: &mut TensorMut<'_, T>,
+    v_cache: &mut TensorMut<'_, T>,
+    slots: &[usize],
+    [mut k_scaling, mut v_scaling]: [Scaling<'_, '_>; 2],
+    rope: Option<(&Rope<'_>, &[u32])>,
+) -> Result<(), Error> {
+    let [batch, seq, heads, d_k] = k.dims();
+    let d_v = v.dims()[3];
     if let Some((rope, positions)) = rope {
         rope.check(d_k, batch * seq, positions)?;
     }
@@ -90,12 +181,10 @@ pub fn append<S: Element, T: KvElement>(
                 if let (Some((rope, _)), Some(rot)) = (rope, rotation.as_ref()) {
                     rope.rotate_row(rot, k_row);
                 }
-                let scale = scales.as_mut().map(|(ks, _)| &mut **ks);
-                write_row(k_cache, slots[token], h, k_row, scale);
+                write_row(k_cache, slots[token], h, k_row, &mut k_scaling);
                 let v_row = &mut row[..d_v];
                 read_row(v, [b, s, h], v_row);
-                let scale = scales.as_mut().map(|(_, vs)| &mut **vs);
-                write_row(v_cache, slots[token], h, v_row, scale);
+                write_row(v_cache, slots[token], h, v_row, &mut v_scaling);
             }
         }
     }
@@ -198,35 +287,44 @@ fn read_row<S: Element>(x: &Tensor<'_, S>, [b, s, h]: [usize; 3], out: &mut [f32
     }
 }
 
-/// `row` into head `h` of slot `slot` of `cache`, as `T` (`i8`: with the row's scale, written
-/// into `scales`).
+/// `row` into head `h` of slot `slot` of `cache`, as `T` (`i8`: divided by its scale, the
+/// row's own written into its scales, or the given ones).
 fn write_row<T: KvElement>(
     cache: &mut TensorMut<'_, T>,
     slot: usize,
     h: usize,
     row: &[f32],
-    scales: Option<&mut TensorMut<'_, f32>>,
+    scaling: &mut Scaling<'_, '_>,
 ) {
     let rows = cache.dims()[1];
     let (e0, e1) = (slot / rows, slot % rows);
     let (data, _, strides) = cache.raw_parts();
-    let mut write = |f: &dyn Fn(f32) -> f32| {
+    let mut write = |f: &dyn Fn(usize, f32) -> f32| {
         for (c, &x) in row.iter().enumerate() {
-            data[offset([e0, e1, h, c], strides)] = store_kv::<T>(f(x));
+            data[offset([e0, e1, h, c], strides)] = store_kv::<T>(f(c, x));
         }
     };
-    match scales {
-        Some(scales) => {
+    match scaling {
+        Scaling::Row(scales) => {
             let amax = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let scale = amax / 127.0;
             if scale > 0.0 {
-                write(&|x| x / scale);
+                write(&|_, x| x / scale);
             } else {
-                write(&|_| 0.0);
+                write(&|_, _| 0.0);
             }
             let (sd, _, ss) = scales.raw_parts();
             sd[offset([e0, e1, h, 0], ss)] = scale;
         }
-        None => write(&|x| x),
+        Scaling::Given(scales) => write(&|c, x| {
+            let scale = scales.at([e0, e1, h, c]);
+            // x / ±0 would be ±∞ or NaN: a scale of 0 holds only 0.
+            if scale == 0.0 {
+                0.0
+            } else {
+                x / scale
+            }
+        }),
+        Scaling::Plain => write(&|_, x| x),
     }
 }

@@ -102,7 +102,7 @@ mod workspace;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-pub use append::{append, AppendScales};
+pub use append::{append, append_scaled, AppendScales};
 pub use element::{Element, KvElement};
 pub use error::{Dim, Error, Operand};
 /// The `half` crate, whose `f16` and `bf16` are element types of this one.

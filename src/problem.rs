@@ -24,7 +24,7 @@ impl<T: Copy> Broadcast<'_, T> {
 }
 
 /// Checks that `t` broadcasts to `want` and returns it with broadcast strides.
-fn broadcast<'a, T>(
+pub(crate) fn broadcast<'a, T>(
     t: &Tensor<'a, T>,
     want: [usize; 4],
     operand: Operand,
@@ -61,7 +61,7 @@ pub(crate) struct KvScales<'a> {
 type Visit<'v> = dyn FnMut(usize) -> Result<(), Error> + 'v;
 
 /// The largest scale magnitude: `128 · scale` stays finite, so no dequantized value overflows.
-const MAX_SCALE: f32 = f32::MAX / 128.0;
+pub(crate) const MAX_SCALE: f32 = f32::MAX / 128.0;
 
 /// Checks the scales of [`Options::kv_scales`] against K/V of type `KV` with storage dims
 /// `k_dims` and `v_dims`: present exactly for `i8`, broadcastable, and every scale in the

@@ -1,9 +1,12 @@
 //! `append`: new K/V rows into paged and dense caches of every K/V type at scattered slots
 //! (checked element by element, and everything else left as it was), K rotated by a RoPE on the
-//! way, `i8` rows with their per-(token, kv head) scales, and errors that write nothing.
+//! way, `i8` rows with their per-(token, kv head) scales or with scales the caller gives
+//! (`append_scaled`: per channel, per tensor, saturating), and errors that write nothing.
 
 use sdpa::half::{bf16, f16};
-use sdpa::{append, Element, Error, KvElement, Operand, Rope, RopeStyle, Tensor, TensorMut};
+use sdpa::{
+    append, append_scaled, Element, Error, KvElement, Operand, Rope, RopeStyle, Tensor, TensorMut,
+};
 
 use crate::support::values::SplitMix;
 
@@ -341,6 +344,249 @@ fn an_i8_paged_cache_written_by_append_serves_attention() {
         .unwrap();
         sdpa::attention_paged(&qt, &kv, out, None, opts).unwrap();
     });
+    for (a, b) in with_i8.iter().zip(&with_f32) {
+        assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+    }
+    assert!(with_i8.iter().any(|&x| x != 0.0));
+}
+
+/// `round(x / scale)` (ties to even) saturated to ±127, 0 for a scale of 0: what
+/// `append_scaled` stores.
+fn quantize(x: f32, scale: f32) -> i8 {
+    if scale == 0.0 {
+        0
+    } else {
+        (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8
+    }
+}
+
+#[test]
+fn append_scaled_stores_rows_with_the_given_scales() {
+    let (k, v) = (rows(D_K, 7), rows(D_V, 8));
+    let kt = Tensor::bshd(&k, [2, 3, HEADS, D_K]).unwrap();
+    let vt = Tensor::bshd(&v, [2, 3, HEADS, D_V]).unwrap();
+    // K per (kv head, channel): small enough that values of [-4, 4) clip, one channel 0, one
+    // negative; V per tensor.
+    let mut ks: Vec<f32> = (0..HEADS * D_K).map(|i| 0.01 + 0.004 * i as f32).collect();
+    ks[1] = 0.0;
+    ks[D_K + 2] = -0.05;
+    let vs = [0.02f32];
+    let kst = Tensor::bshd(&ks, [1, 1, HEADS, D_K]).unwrap();
+    let vst = Tensor::bshd(&vs, [1, 1, 1, 1]).unwrap();
+    let rope = Rope::new(RopeStyle::Interleaved, 4, 500.0);
+    let positions = [3u32, 0, 9, 1, 2, 40];
+    for with_rope in [false, true] {
+        let rope = with_rope.then_some((&rope, &positions[..]));
+        let mut kc = vec![99i8; PAGES * PAGE * HEADS * D_K];
+        let mut vc = vec![99i8; PAGES * PAGE * HEADS * D_V];
+        append_scaled(
+            &kt,
+            &vt,
+            &mut pool_mut(&mut kc, true, D_K),
+            &mut pool_mut(&mut vc, true, D_V),
+            &SLOTS,
+            &kst,
+            &vst,
+            rope,
+        )
+        .unwrap();
+        // The rows as `append` writes them into an f32 cache: rotated, not rounded.
+        let mut kf = vec![0.0f32; PAGES * PAGE * HEADS * D_K];
+        let mut vf = vec![0.0f32; PAGES * PAGE * HEADS * D_V];
+        let (mut kft, mut vft) = (pool_mut(&mut kf, true, D_K), pool_mut(&mut vf, true, D_V));
+        append(&kt, &vt, &mut kft, &mut vft, &SLOTS, None, rope).unwrap();
+        let k_scale = |h: usize, c: usize| ks[h * D_K + c];
+        let v_scale = |_: usize, _: usize| vs[0];
+        let sides: [(&[i8], &[f32], usize, &dyn Fn(usize, usize) -> f32); 2] =
+            [(&kc, &kf, D_K, &k_scale), (&vc, &vf, D_V, &v_scale)];
+        let mut clipped = 0;
+        for (cache, exact, d, scale) in sides {
+            for &slot in &SLOTS {
+                for h in 0..HEADS {
+                    for c in 0..d {
+                        let at = index(true, d, [slot / PAGE, slot % PAGE, h, c]);
+                        let want = quantize(exact[at], scale(h, c));
+                        assert_eq!(cache[at], want, "slot {slot} h {h} c {c}");
+                        clipped += usize::from(want.unsigned_abs() == 127);
+                    }
+                }
+            }
+            let untouched = (PAGES * PAGE - SLOTS.len()) * HEADS * d;
+            assert_eq!(cache.iter().filter(|&&q| q == 99).count(), untouched);
+        }
+        assert!(clipped > 0, "some values saturate");
+    }
+    // A scale of 0 stores zeros.
+    let mut kc = vec![99i8; PAGES * PAGE * HEADS * D_K];
+    let mut vc = vec![99i8; PAGES * PAGE * HEADS * D_V];
+    append_scaled(
+        &kt,
+        &vt,
+        &mut pool_mut(&mut kc, false, D_K),
+        &mut pool_mut(&mut vc, false, D_V),
+        &SLOTS,
+        &kst,
+        &vst,
+        None,
+    )
+    .unwrap();
+    for &slot in &SLOTS {
+        assert_eq!(kc[index(false, D_K, [slot / PAGE, slot % PAGE, 0, 1])], 0);
+    }
+}
+
+#[test]
+fn append_scaled_checks_the_scales_it_reads_and_writes_nothing_on_error() {
+    let (k, v) = (rows(D_K, 9), rows(D_V, 10));
+    let kt = Tensor::bshd(&k, [2, 3, HEADS, D_K]).unwrap();
+    let vt = Tensor::bshd(&v, [2, 3, HEADS, D_V]).unwrap();
+    let run = |ks: &Tensor<'_, f32>, vs: &Tensor<'_, f32>| {
+        let mut kc = vec![99i8; PAGES * PAGE * HEADS * D_K];
+        let mut vc = vec![99i8; PAGES * PAGE * HEADS * D_V];
+        let result = append_scaled(
+            &kt,
+            &vt,
+            &mut pool_mut(&mut kc, false, D_K),
+            &mut pool_mut(&mut vc, false, D_V),
+            &SLOTS,
+            ks,
+            vs,
+            None,
+        );
+        if result.is_err() {
+            assert!(kc.iter().chain(&vc).all(|&q| q == 99), "nothing written");
+        }
+        result
+    };
+    let one = [0.05f32];
+    let per_tensor = Tensor::bshd(&one, [1, 1, 1, 1]).unwrap();
+    // Per-(token, kv head)-shaped scales: a NaN in a slot the call does not write is fine,
+    // in one it writes is an error naming the scale's index.
+    let mut per_token = vec![0.05f32; PAGES * PAGE * HEADS];
+    let unused = (0..PAGES * PAGE).find(|s| !SLOTS.contains(s)).unwrap();
+    per_token[unused * HEADS] = f32::NAN;
+    let dims = [PAGES, PAGE, HEADS, 1];
+    run(&Tensor::bshd(&per_token, dims).unwrap(), &per_tensor).unwrap();
+    let used = SLOTS[2] * HEADS + 1;
+    for bad in [f32::NAN, f32::INFINITY, f32::MAX / 100.0] {
+        per_token[used] = bad;
+        let err = run(&per_tensor, &Tensor::bshd(&per_token, dims).unwrap()).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidValue { operand: Operand::ValueScales, index, .. } if index == used),
+            "{bad}: {err:?}"
+        );
+    }
+    // Scales that do not broadcast against the cache.
+    let three = [0.1f32; 3];
+    let err = run(&Tensor::bshd(&three, [1, 1, 1, 3]).unwrap(), &per_tensor).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::NotBroadcastable {
+            operand: Operand::KeyScales,
+            ..
+        }
+    ));
+    // The rows' own errors as `append`'s: a slot past the cache, NaN rows.
+    let mut kc = vec![99i8; PAGES * PAGE * HEADS * D_K];
+    let mut vc = vec![99i8; PAGES * PAGE * HEADS * D_V];
+    let err = append_scaled(
+        &kt,
+        &vt,
+        &mut pool_mut(&mut kc, false, D_K),
+        &mut pool_mut(&mut vc, false, D_V),
+        &[0, 1, 2, 3, 4, PAGES * PAGE],
+        &per_tensor,
+        &per_tensor,
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidValue {
+            operand: Operand::Slots,
+            index: 5,
+            ..
+        }
+    ));
+    let mut bad = v.clone();
+    bad[4 * HEADS * D_V] = f32::NEG_INFINITY;
+    let bt = Tensor::bshd(&bad, [2, 3, HEADS, D_V]).unwrap();
+    let err = append_scaled(
+        &kt,
+        &bt,
+        &mut pool_mut(&mut kc, false, D_K),
+        &mut pool_mut(&mut vc, false, D_V),
+        &SLOTS,
+        &per_tensor,
+        &per_tensor,
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidValue {
+            operand: Operand::Value,
+            index: 4,
+            ..
+        }
+    ));
+    assert!(kc.iter().chain(&vc).all(|&q| q == 99));
+}
+
+#[test]
+fn a_cache_with_per_channel_scales_serves_attention() {
+    // A dense cache `[1, 12, HEADS, D_K]` filled by `append_scaled` with per-(kv head,
+    // channel) K scales and a per-tensor V scale; attention with the same views against the
+    // same call on the dequantized f32 cache.
+    let n = 12;
+    let k = SplitMix::unit_values(n * HEADS * D_K, 70);
+    let v = SplitMix::unit_values(n * HEADS * D_V, 71);
+    let ks: Vec<f32> = (0..HEADS * D_K)
+        .map(|i| (1.0 + i as f32 % 3.0) / 127.0)
+        .collect();
+    let vs = [1.0f32 / 127.0];
+    let (kst, vst) = (
+        Tensor::bshd(&ks, [1, 1, HEADS, D_K]).unwrap(),
+        Tensor::bshd(&vs, [1, 1, 1, 1]).unwrap(),
+    );
+    let (mut kc, mut vc) = (vec![0i8; n * HEADS * D_K], vec![0i8; n * HEADS * D_V]);
+    let slots: Vec<usize> = (0..n).collect();
+    append_scaled(
+        &Tensor::bshd(&k, [1, n, HEADS, D_K]).unwrap(),
+        &Tensor::bshd(&v, [1, n, HEADS, D_V]).unwrap(),
+        &mut TensorMut::bshd(&mut kc, [1, n, HEADS, D_K]).unwrap(),
+        &mut TensorMut::bshd(&mut vc, [1, n, HEADS, D_V]).unwrap(),
+        &slots,
+        &kst,
+        &vst,
+        None,
+    )
+    .unwrap();
+    let kf: Vec<f32> = (kc.iter().enumerate())
+        .map(|(i, &x)| f32::from(x) * ks[i % (HEADS * D_K)])
+        .collect();
+    let vf: Vec<f32> = vc.iter().map(|&x| f32::from(x) * vs[0]).collect();
+    let q = SplitMix::unit_values(3 * 2 * HEADS * D_K, 72);
+    let qt = Tensor::bshd(&q, [1, 3, 2 * HEADS, D_K]).unwrap();
+    let opts = sdpa::Options::new().causal(sdpa::Alignment::BottomRight);
+    let mut with_i8 = vec![0.0f32; 3 * 2 * HEADS * D_V];
+    sdpa::attention(
+        &qt,
+        &Tensor::bshd(&kc, [1, n, HEADS, D_K]).unwrap(),
+        &Tensor::bshd(&vc, [1, n, HEADS, D_V]).unwrap(),
+        &mut TensorMut::bshd(&mut with_i8, [1, 3, 2 * HEADS, D_V]).unwrap(),
+        &opts.clone().kv_scales(kst, vst),
+    )
+    .unwrap();
+    let mut with_f32 = vec![0.0f32; 3 * 2 * HEADS * D_V];
+    sdpa::attention(
+        &qt,
+        &Tensor::bshd(&kf, [1, n, HEADS, D_K]).unwrap(),
+        &Tensor::bshd(&vf, [1, n, HEADS, D_V]).unwrap(),
+        &mut TensorMut::bshd(&mut with_f32, [1, 3, 2 * HEADS, D_V]).unwrap(),
+        &opts,
+    )
+    .unwrap();
     for (a, b) in with_i8.iter().zip(&with_f32) {
         assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
     }
