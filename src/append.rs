@@ -64,7 +64,7 @@ pub fn append<S: Element, T: KvElement>(
         scales.as_ref().map(|(a, b)| (a.dims(), b.dims())),
     )?;
     let (k_scaling, v_scaling) = match scales.as_mut() {
-        Some((ks, vs)) => (Scaling::Row(&mut **ks), Scaling::Row(&mut **vs)),
+        Some((ks, vs)) => (Scaling::Row(ks), Scaling::Row(vs)),
         None => (Scaling::Plain, Scaling::Plain),
     };
     write(k, v, k_cache, v_cache, slots, [k_scaling, v_scaling], rope)
@@ -118,8 +118,9 @@ fn given_scales<'a>(
         for h in 0..dims[2] {
             for c in 0..dims[3] {
                 let at = offset([e0, e1, h, c], view.strides);
-                // A NaN fails `≤` too.
-                if !(view.data[at].abs() <= MAX_SCALE) {
+                // A NaN is not valid either.
+                let valid = view.data[at].abs() <= MAX_SCALE;
+                if !valid {
                     return Err(Error::InvalidValue {
                         operand,
                         index: at,
