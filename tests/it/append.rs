@@ -350,6 +350,9 @@ fn an_i8_paged_cache_written_by_append_serves_attention() {
     assert!(with_i8.iter().any(|&x| x != 0.0));
 }
 
+/// An `i8` cache, the f32 rows it holds, their head size and the scale of `(head, channel)`.
+type Side<'x> = (&'x [i8], &'x [f32], usize, &'x dyn Fn(usize, usize) -> f32);
+
 /// `round(x / scale)` (ties to even) saturated to ±127, 0 for a scale of 0: what
 /// `append_scaled` stores.
 fn quantize(x: f32, scale: f32) -> i8 {
@@ -397,8 +400,7 @@ fn append_scaled_stores_rows_with_the_given_scales() {
         append(&kt, &vt, &mut kft, &mut vft, &SLOTS, None, rope).unwrap();
         let k_scale = |h: usize, c: usize| ks[h * D_K + c];
         let v_scale = |_: usize, _: usize| vs[0];
-        let sides: [(&[i8], &[f32], usize, &dyn Fn(usize, usize) -> f32); 2] =
-            [(&kc, &kf, D_K, &k_scale), (&vc, &vf, D_V, &v_scale)];
+        let sides: [Side<'_>; 2] = [(&kc, &kf, D_K, &k_scale), (&vc, &vf, D_V, &v_scale)];
         let mut clipped = 0;
         for (cache, exact, d, scale) in sides {
             for &slot in &SLOTS {
