@@ -9,12 +9,14 @@
 //!   prefill), then each sequence decodes one token per step and finishes after a few.
 //! * Each step: one [`Plan`] for the step's packed rows (prefill chunks and decode rows mixed,
 //!   offsets `cu_q`), its block table and its lengths (`cache_seqlens`: the keys before this
-//!   step's rows, FlashAttention-2's convention); then per layer, [`append`] writes the new
+//!   step's rows, FlashAttention-2's convention), which also gives the new rows' slots and
+//!   positions ([`Plan::new_rows`]); then per layer, [`append`] writes the new
 //!   tokens' K (rotated by the model's [`Rope`]) and V into their slots, converted to the
 //!   cache's type (int8 rows with their scales), Q is rotated alike, and [`Plan::run`] does
 //!   the layer's attention: causal, bottom-right, every sequence in one call.
 //! * Every sequence's rows (out and LSE) of every layer are checked against the f64
-//!   reference on that sequence alone, its keys (and scales) gathered densely from its pages,
+//!   reference on that sequence alone, its keys (and scales) gathered densely from its pages
+//!   (by the example's own slot arithmetic, not the plan's),
 //!   within `reference::error_bounds`; a miss panics. One line per step: the worst
 //!   error / bound.
 //!
@@ -233,20 +235,18 @@ fn main() -> Result<(), Error> {
             step += 1;
             continue;
         }
-        // Schedule: a prefill chunk or one decode row per sequence, its pages and slots.
+        // Schedule: a prefill chunk or one decode row per sequence, and its pages.
         let (mut cu_q, mut cached) = (vec![0], Vec::new());
-        let (mut slots, mut positions) = (vec![], vec![]);
         for s in &mut running {
             let n_new = s.prompt.saturating_sub(s.len).clamp(1, CHUNK); // chunk or decode row
             while s.pages.len() * PAGE < s.len + n_new {
                 s.pages.push(free.pop().expect("reserved at admission"));
             }
-            slots.extend((s.len..s.len + n_new).map(|t| slot(s, t)));
-            positions.extend((s.len..s.len + n_new).map(|t| t as u32));
             cached.push(s.len);
             s.len += n_new;
-            cu_q.push(slots.len());
+            cu_q.push(cu_q.last().unwrap() + n_new);
         }
+        let total_q = *cu_q.last().unwrap();
         // Block table `[B][pages_per_seq]`, rows padded with 0 (never read past a length).
         let pps = running.iter().map(|s| s.pages.len()).max().unwrap_or(0);
         let mut table = vec![0u32; running.len() * pps];
@@ -263,6 +263,9 @@ fn main() -> Result<(), Error> {
             .causal(Alignment::BottomRight)
             .cache_seqlens(&cached);
         let mut plan = Plan::in_workspace(&mut ws, &cu_q, kv, heads, &opts)?;
+        // The new rows' slots (for `append`) and positions (for RoPE), after the cached keys.
+        let (mut slots, mut positions) = (vec![0; total_q], vec![0; total_q]);
+        plan.new_rows(&mut slots, &mut positions)?;
         let step_rows = (&running[..], &cu_q[..], &slots[..], &positions[..]);
         let worst = layer(&mut f16_layer, &mut plan, step_rows, &rope, &mut rng)?.max(layer(
             &mut i8_layer,
@@ -272,7 +275,6 @@ fn main() -> Result<(), Error> {
             &mut rng,
         )?);
         drop(plan);
-        let total_q = slots.len();
         let prefill = running.iter().filter(|s| s.len <= s.prompt).count();
         println!(
             "step {step:2}: {} running ({prefill} prefill, {} decode), {total_q:3} rows, max err/bound {worst:.3}",
