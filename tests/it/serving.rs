@@ -3,6 +3,8 @@
 //! sizes, page sizes, RoPE styles and rotary dims, options (causal, a window, softcap,
 //! per-layer sinks) and sequences that arrive, prefill in chunks, decode and sit steps out.
 //! Every step checks:
+//! * the plan: `Plan::new_rows` gives the loop's own slots and positions, whether the step's
+//!   lengths are given before (`cache_seqlens`) or after (`kv_lens`) its rows;
 //! * the cache: each appended K element is `reference::rope` of the drawn row rounded to the
 //!   cache's type (`i8`: within half its scale, which is `max|x| / 127` of the row), each V
 //!   element the drawn value alike;
@@ -151,10 +153,24 @@ fn run_loop<T: KvElement + Default>(seed: u64, to_f32: fn(T) -> f32, unit: f64) 
         if let Some(cap) = shape.softcap {
             opts = opts.softcap(cap);
         }
-        let opts = opts.cache_seqlens(&cached);
+        // Lengths before the step's rows, or after them (the same step).
+        let after: Vec<usize> = seqs.iter().map(|s| s.1).collect();
+        let opts = match rng.below(2) {
+            0 => opts.cache_seqlens(&cached),
+            _ => opts.kv_lens(&after),
+        };
         let what = format!("seed {seed} {} d {d} {shape:?} step {step}", T::NAME);
         let mut plan = Plan::in_workspace(&mut ws, &cu_q, kv, heads, &opts)
             .unwrap_or_else(|e| panic!("{what}: plan: {e}"));
+        // The plan places the new rows where the loop does.
+        let (mut plan_slots, mut plan_positions) = (vec![0; n], vec![0; n]);
+        plan.new_rows(&mut plan_slots, &mut plan_positions)
+            .unwrap_or_else(|e| panic!("{what}: new_rows: {e}"));
+        assert_eq!(
+            (plan_slots, plan_positions),
+            (slots.clone(), positions.clone()),
+            "{what}"
+        );
         for (l, caches) in layers.iter_mut().enumerate() {
             let what = format!("{what} layer {l}");
             let k_new: Vec<f32> = (0..n * row).map(|_| 2.0 * rng.unit()).collect();
