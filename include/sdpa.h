@@ -680,9 +680,10 @@ enum sdpa_status sdpa_plan_new(const struct sdpa_plan_args *args,
 
 // Attention of one layer of a planned step (the Rust `sdpa::Plan::run`): the layer's Q, K/V,
 // output, LSE, `SDPA_DTYPE_I8` scales and sinks (`sdpa_plan_run_args`), any element types.
-// Only these are checked; the result is `sdpa_attention_varlen`'s (or, for a paged step,
-// `sdpa_attention_paged`'s) with the same operands, bit for bit. Everything is checked
-// before anything is written.
+// Only these are checked; the result is `sdpa_attention_varlen`'s with the same operands, bit
+// for bit (for a paged step of `n_q` rows per sequence, also `sdpa_attention_paged`'s output
+// with Q and out viewed as `[B, n_q, H, d]`). Everything is checked before anything is
+// written.
 //
 // Errors: the tensor, type, alignment and aliasing errors of `sdpa_attention_varlen`;
 // `SDPA_STATUS_SHAPE_MISMATCH` for a tensor whose dims differ from the plan's, a packed K/V

@@ -718,8 +718,8 @@ int main(void) {
             enum { NKV_ELEMS = TK * HKV * D };
             int32_t my_q[VB + 1];
             uint16_t hk[NKV_ELEMS], hv[NKV_ELEMS], hq[TQ * H * D];
-            float back[NKV_ELEMS], qback[TQ * H * D], pout[TQ * H * D], plse[H * TQ], rout[TQ * H * D],
-                rlse[H * TQ];
+            float back[NKV_ELEMS], qback[TQ * H * D], pout[TQ * H * D], plse[H * TQ],
+                rout[TQ * H * D], rlse[H * TQ];
             size_t bad = 0;
             sdpa_plan *plan = NULL;
             sdpa_plan_args pl;
