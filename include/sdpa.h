@@ -421,7 +421,7 @@ typedef struct sdpa_merge_args {
 // from the base `theta` (`p · θ^(−2i/r)`, computed in f64) or, when `cos` and `sin` are both
 // given, from the caller's tables (row `p` holds the `rotary_dim / 2` cosines, and sines, of
 // position `p`: scaled variants such as YaRN or Llama 3's).
-typedef struct SdpaRope {
+typedef struct sdpa_rope {
   // `sizeof(sdpa_rope)` as the caller compiled it.
   size_t size;
   // `SDPA_ROPE_HALVES` or `SDPA_ROPE_INTERLEAVED`.
@@ -440,7 +440,7 @@ typedef struct SdpaRope {
   const uint32_t *positions;
   // Entries at `positions`.
   size_t positions_len;
-} SdpaRope;
+} sdpa_rope;
 
 // The operands of `sdpa_append`: a step's new K and V rows (`[B, S, H_kv, d_k]` and
 // `[B, S, H_kv, d_v]`, element type `rows_dtype`: f32, f16 or bf16) written into the caches
@@ -450,7 +450,7 @@ typedef struct SdpaRope {
 // cache `[B, n_kv, H_kv, d]`). `SDPA_DTYPE_I8` caches need `k_scales` / `v_scales`
 // (`[dim 0, dim 1, H_kv, 1]` floats, written with `max|x| / 127` per token and kv head,
 // what `sdpa_options.k_scales` / `v_scales` then read); other caches take none (`data` NULL).
-typedef struct SdpaAppendArgs {
+typedef struct sdpa_append_args {
   // `sizeof(sdpa_append_args)` as the caller compiled it.
   size_t size;
   // Element type of `k` and `v` (`SDPA_DTYPE_F32`, `_F16` or `_BF16`).
@@ -473,7 +473,7 @@ typedef struct SdpaAppendArgs {
   struct sdpa_tensor_mut k_scales;
   // Per-(token, kv head) value scales, as `k_scales`.
   struct sdpa_tensor_mut v_scales;
-} SdpaAppendArgs;
+} sdpa_append_args;
 
 // What every layer of a serving step shares, for `sdpa_plan_new`: the packed query rows, the
 // K/V layout (`kv_layout`, as in `sdpa_varlen_args`), the heads and head sizes. With the
@@ -642,7 +642,7 @@ enum sdpa_status sdpa_merge_partials(const struct sdpa_merge_args *args);
 // are valid for their lengths.
 enum sdpa_status sdpa_rope_apply(uint32_t dtype,
                                  const struct sdpa_tensor_mut *x,
-                                 const struct SdpaRope *rope);
+                                 const struct sdpa_rope *rope);
 
 // Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
 // cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
@@ -655,7 +655,7 @@ enum sdpa_status sdpa_rope_apply(uint32_t dtype,
 // `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
 // valid for what its dims or length say; the caches and scales are not accessed by anyone
 // else during the call.
-enum sdpa_status sdpa_append(const struct SdpaAppendArgs *args, const struct SdpaRope *rope);
+enum sdpa_status sdpa_append(const struct sdpa_append_args *args, const struct sdpa_rope *rope);
 
 // Plans a serving step's attention once for all its layers (the Rust `sdpa::Plan::new`): the
 // packed query rows, K/V layout, heads and head sizes of `args` and the options `opts` (NULL:
