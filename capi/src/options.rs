@@ -2,6 +2,8 @@
 //! borrowed from the caller), the Rust options built from it, and the copies a plan keeps of
 //! everything the options borrow ([`OwnedOptions`]).
 
+use std::ptr;
+
 use sdpa::{Operand, Options, Tensor};
 
 use crate::abi::{
@@ -127,8 +129,19 @@ impl OptionInputs<'_> {
     /// Copies of everything the options borrow (a plan's; `kv_scales` are not copied: a plan
     /// refuses them).
     pub(crate) fn into_owned(self) -> Result<OwnedOptions, Failure> {
+        // The caller's pointers, which the copies replace, are not kept.
+        let mut raw = self.raw;
+        (raw.kv_lens, raw.alibi_slopes, raw.sinks) = (ptr::null(), ptr::null(), ptr::null());
+        for t in [
+            &mut raw.bias,
+            &mut raw.mask,
+            &mut raw.k_scales,
+            &mut raw.v_scales,
+        ] {
+            t.data = ptr::null();
+        }
         Ok(OwnedOptions {
-            raw: self.raw,
+            raw,
             kv_lens: self.kv_lens.map(copy_array).transpose()?,
             bias: self.bias.map(|b| compact(b, |x| x)).transpose()?,
             mask: self.mask,
@@ -152,7 +165,7 @@ pub(crate) fn copy_array<T: Copy>(x: &[T]) -> Result<Vec<T>, Failure> {
 
 /// Options whose arrays and tensors are the library's own copies (a plan's).
 pub(crate) struct OwnedOptions {
-    /// The caller's struct, for its scalar fields only: its pointers are not read again.
+    /// The caller's struct for its scalar fields, its pointers NULL.
     raw: SdpaOptions,
     kv_lens: Option<Vec<usize>>,
     bias: Option<Copied<f32>>,
