@@ -17,7 +17,8 @@
 // Version of this ABI. It changes only when an existing struct or function changes
 // incompatibly; new fields are appended to structs, whose `size` field tells which fields the
 // caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
-// `bf16_products`, then `k_scales` and `v_scales`, to `sdpa_options`, kept it at 1: a caller
+// `bf16_products`, then `k_scales` and `v_scales`, then `kv_lens_before`, to `sdpa_options`,
+// and adding functions and structs (`sdpa_plan_*`, the conversions), kept it at 1: a caller
 // built against the first version still works unchanged.)
 #define SDPA_ABI_VERSION 1
 
@@ -130,6 +131,10 @@ typedef enum sdpa_status {
   // (`KvScales`).
   SDPA_STATUS_KV_SCALES = 27,
 } sdpa_status;
+
+// A serving step's attention plan (opaque): made by `sdpa_plan_new`, run once per layer by
+// `sdpa_plan_run`, freed by `sdpa_plan_free`.
+typedef struct sdpa_plan sdpa_plan;
 
 // A read-only strided tensor: `data` points to element `[0, 0, 0, 0]`; element
 // `[b, s, h, d]` is at `data[b·strides[0] + s·strides[1] + h·strides[2] + d·strides[3]]`.
@@ -258,6 +263,14 @@ typedef struct sdpa_options {
   struct sdpa_tensor k_scales;
   // The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
   struct sdpa_tensor v_scales;
+  // Nonzero: `kv_lens` counts each sequence's keys *before* this call's query rows
+  // (FlashAttention-2's `cache_seqlens`, the Rust `sdpa::Options::cache_seqlens`), which
+  // the caller has appended right after them (`sdpa_append`): sequence `b` has
+  // `kv_lens[b] + n_q(b)` keys (`n_q(b)`: its query rows; `n_q` in a dense or paged call),
+  // and everything said of `kv_lens` holds for those sums. 0: `kv_lens` counts every key the
+  // call reads. Added in the struct's fourth version: a caller whose `size` ends at
+  // `v_scales` gets 0.
+  uint32_t kv_lens_before;
 } sdpa_options;
 
 // The operands of `sdpa_attention_paged`: attention over a paged K/V cache (vLLM's
@@ -408,7 +421,7 @@ typedef struct sdpa_merge_args {
 // from the base `theta` (`p · θ^(−2i/r)`, computed in f64) or, when `cos` and `sin` are both
 // given, from the caller's tables (row `p` holds the `rotary_dim / 2` cosines, and sines, of
 // position `p`: scaled variants such as YaRN or Llama 3's).
-typedef struct SdpaRope {
+typedef struct sdpa_rope {
   // `sizeof(sdpa_rope)` as the caller compiled it.
   size_t size;
   // `SDPA_ROPE_HALVES` or `SDPA_ROPE_INTERLEAVED`.
@@ -427,7 +440,7 @@ typedef struct SdpaRope {
   const uint32_t *positions;
   // Entries at `positions`.
   size_t positions_len;
-} SdpaRope;
+} sdpa_rope;
 
 // The operands of `sdpa_append`: a step's new K and V rows (`[B, S, H_kv, d_k]` and
 // `[B, S, H_kv, d_v]`, element type `rows_dtype`: f32, f16 or bf16) written into the caches
@@ -437,7 +450,7 @@ typedef struct SdpaRope {
 // cache `[B, n_kv, H_kv, d]`). `SDPA_DTYPE_I8` caches need `k_scales` / `v_scales`
 // (`[dim 0, dim 1, H_kv, 1]` floats, written with `max|x| / 127` per token and kv head,
 // what `sdpa_options.k_scales` / `v_scales` then read); other caches take none (`data` NULL).
-typedef struct SdpaAppendArgs {
+typedef struct sdpa_append_args {
   // `sizeof(sdpa_append_args)` as the caller compiled it.
   size_t size;
   // Element type of `k` and `v` (`SDPA_DTYPE_F32`, `_F16` or `_BF16`).
@@ -460,7 +473,92 @@ typedef struct SdpaAppendArgs {
   struct sdpa_tensor_mut k_scales;
   // Per-(token, kv head) value scales, as `k_scales`.
   struct sdpa_tensor_mut v_scales;
-} SdpaAppendArgs;
+} sdpa_append_args;
+
+// What every layer of a serving step shares, for `sdpa_plan_new`: the packed query rows, the
+// K/V layout (`kv_layout`, as in `sdpa_varlen_args`), the heads and head sizes. With the
+// options (key lengths by `kv_lens`, required for paged K/V, and `kv_lens_before`;
+// everything else as in `sdpa_attention_varlen`), the Rust `sdpa::Plan::new`'s operands.
+//
+// Every layer's Q is `[1, total_q, heads, d_k]` with sequence `b` in rows
+// `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` (`total_q` the last offset), its output
+// `[1, total_q, heads, d_v]`, its LSE `[heads, total_q]`. K and V are packed
+// (`SDPA_KV_PACKED`: `[1, total_kv, kv_heads, d]`, `cu_seqlens_k`, `total_kv` its last
+// offset) or page pools (`SDPA_KV_PAGED`: `[num_pages, page_size, kv_heads, d]` read
+// through `block_table`, `pages_per_seq` entries per sequence). The fields of the layout not
+// in use must be zero/NULL (`SDPA_STATUS_INVALID_ARGUMENT` otherwise).
+typedef struct sdpa_plan_args {
+  // `sizeof(sdpa_plan_args)` as the caller compiled it.
+  size_t size;
+  // `SDPA_KV_PACKED` or `SDPA_KV_PAGED`.
+  uint32_t kv_layout;
+  // Query heads (a positive multiple of `kv_heads`).
+  size_t heads;
+  // Key/value heads.
+  size_t kv_heads;
+  // Head size of Q and K.
+  size_t d_k;
+  // Head size of V and the output.
+  size_t d_v;
+  // Query offsets (`int32_t`, `B + 1` non-decreasing, non-negative). NULL only when
+  // `cu_seqlens_q_len` is 0.
+  const int32_t *cu_seqlens_q;
+  // Entries at `cu_seqlens_q` (`B + 1`).
+  size_t cu_seqlens_q_len;
+  // Packed layout: key offsets (`int32_t`, `B + 1`). Paged layout: NULL.
+  const int32_t *cu_seqlens_k;
+  // Entries at `cu_seqlens_k` (packed: `B + 1`; paged: 0).
+  size_t cu_seqlens_k_len;
+  // Paged layout: page indices `[B][pages_per_seq]` as in `sdpa_paged_args`. Packed
+  // layout: NULL.
+  const uint32_t *block_table;
+  // Entries at `block_table` (paged: `B·pages_per_seq`; packed: 0).
+  size_t block_table_len;
+  // Paged layout: entries per row of the table. Packed layout: 0.
+  size_t pages_per_seq;
+  // Paged layout: tokens per page (dim 1 of the pools, nonzero). Packed layout: 0.
+  size_t page_size;
+} sdpa_plan_args;
+
+// One layer of a step, for `sdpa_plan_run`: its Q, K/V and output (element types as in
+// `sdpa_varlen_args`, any combination, `kv_dtype` also `SDPA_DTYPE_I8`), its LSE if wanted,
+// the scales of `SDPA_DTYPE_I8` K/V and its attention sinks. A zeroed struct is all f32.
+typedef struct sdpa_plan_run_args {
+  // `sizeof(sdpa_plan_run_args)` as the caller compiled it.
+  size_t size;
+  // Element type of Q (`SDPA_DTYPE_*`).
+  uint32_t q_dtype;
+  // Element type of K and V (`SDPA_DTYPE_*`).
+  uint32_t kv_dtype;
+  // Element type of out (`SDPA_DTYPE_*`).
+  uint32_t out_dtype;
+  // Packed queries, `[1, total_q, heads, d_k]`.
+  struct sdpa_tensor q;
+  // Keys: packed `[1, total_kv, kv_heads, d_k]`, or the layer's key page pool
+  // `[num_pages, page_size, kv_heads, d_k]` with at least the pages the step's table
+  // reaches (one past its largest entry within the key lengths).
+  struct sdpa_tensor k;
+  // Values: packed `[1, total_kv, kv_heads, d_v]`, or the value page pool
+  // `[num_pages, page_size, kv_heads, d_v]` (the pages of `k`).
+  struct sdpa_tensor v;
+  // Output, `[1, total_q, heads, d_v]` (rows outside every sequence are not written).
+  struct sdpa_tensor_mut out;
+  // Optional log-sum-exp output (`float`), `lse[h·total_q + t]`; NULL for none.
+  float *lse;
+  // Number of floats at `lse`: must be `heads·total_q` when `lse` is not NULL.
+  size_t lse_len;
+  // The `float` scales of `SDPA_DTYPE_I8` keys, as `sdpa_options.k_scales` (against the
+  // pool's dims); `data` NULL for none. Required with 8-bit K/V, refused with float K/V
+  // (`SDPA_STATUS_KV_SCALES`).
+  struct sdpa_tensor k_scales;
+  // The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
+  struct sdpa_tensor v_scales;
+  // This layer's attention-sink logits, one per query head, or NULL (with length 0): the
+  // plan's own sinks (`sdpa_options.sinks`) apply then.
+  const float *sinks;
+  // Entries at `sinks`.
+  size_t sinks_len;
+} sdpa_plan_run_args;
 
 #ifdef __cplusplus
 extern "C" {
@@ -544,7 +642,7 @@ enum sdpa_status sdpa_merge_partials(const struct sdpa_merge_args *args);
 // are valid for their lengths.
 enum sdpa_status sdpa_rope_apply(uint32_t dtype,
                                  const struct sdpa_tensor_mut *x,
-                                 const struct SdpaRope *rope);
+                                 const struct sdpa_rope *rope);
 
 // Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
 // cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
@@ -557,7 +655,87 @@ enum sdpa_status sdpa_rope_apply(uint32_t dtype,
 // `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
 // valid for what its dims or length say; the caches and scales are not accessed by anyone
 // else during the call.
-enum sdpa_status sdpa_append(const struct SdpaAppendArgs *args, const struct SdpaRope *rope);
+enum sdpa_status sdpa_append(const struct sdpa_append_args *args, const struct sdpa_rope *rope);
+
+// Plans a serving step's attention once for all its layers (the Rust `sdpa::Plan::new`): the
+// packed query rows, K/V layout, heads and head sizes of `args` and the options `opts` (NULL:
+// plain attention; key lengths by `kv_lens`, required for paged K/V; `k_scales`/`v_scales`
+// are refused, `SDPA_STATUS_INVALID_VALUE`: a plan takes them per layer) are validated, and
+// on success `*out` is a new plan. The plan copies every array and tensor it reads from
+// `args` and `opts` (offsets, block table, `kv_lens`, bias, mask, slopes, sinks): the caller
+// may free or reuse them once the call returns. The plan holds its own kernel memory, so its
+// runs allocate nothing after the first of each kind of step.
+//
+// Errors: those of `sdpa_attention_varlen` for these operands (a page size of 0 is
+// `SDPA_STATUS_INVALID_VALUE`); `SDPA_STATUS_NULL_POINTER` for a NULL `args` or `out`. On
+// error `*out` is not written.
+//
+// # Safety
+// `args` (and `opts` unless NULL) point to structs whose `size` is set; each array (unless
+// NULL with length 0) and tensor is valid for what its length or dims say, for the call;
+// `out` is valid for a write of one pointer.
+enum sdpa_status sdpa_plan_new(const struct sdpa_plan_args *args,
+                               const struct sdpa_options *opts,
+                               struct sdpa_plan **out);
+
+// Attention of one layer of a planned step (the Rust `sdpa::Plan::run`): the layer's Q, K/V,
+// output, LSE, `SDPA_DTYPE_I8` scales and sinks (`sdpa_plan_run_args`), any element types.
+// Only these are checked; the result is `sdpa_attention_varlen`'s with the same operands, bit
+// for bit (for a paged step of `n_q` rows per sequence, also `sdpa_attention_paged`'s output
+// with Q and out viewed as `[B, n_q, H, d]`). Everything is checked before anything is
+// written.
+//
+// Errors: the tensor, type, alignment and aliasing errors of `sdpa_attention_varlen`;
+// `SDPA_STATUS_SHAPE_MISMATCH` for a tensor whose dims differ from the plan's, a packed K/V
+// whose rows are not the last key offset, or a page pool with fewer pages than the step's
+// table reaches; `SDPA_STATUS_LENGTH_MISMATCH` for `lse` or `sinks`; `SDPA_STATUS_KV_SCALES`
+// for scales missing with `SDPA_DTYPE_I8` K/V or given with float K/V;
+// `SDPA_STATUS_NULL_POINTER` for a NULL `plan` or `args`.
+//
+// # Safety
+// `plan` came from `sdpa_plan_new` and is not freed, and no other call uses it meanwhile
+// (one plan runs one layer at a time; separate plans may run concurrently); `args` points
+// to a struct whose `size` is set, whose pointers are valid as their dims or lengths say;
+// the outputs are not accessed by anyone else during the call.
+enum sdpa_status sdpa_plan_run(struct sdpa_plan *plan, const struct sdpa_plan_run_args *args);
+
+// Frees a plan made by `sdpa_plan_new` (NULL: nothing). Never fails.
+//
+// # Safety
+// `plan` is NULL or came from `sdpa_plan_new` and is not freed yet, and no call uses it
+// meanwhile; it must not be used afterwards.
+void sdpa_plan_free(struct sdpa_plan *plan);
+
+// Rounds `n` floats at `src` to IEEE binary16 bit patterns at `dst`: round to nearest, ties
+// to even (the conversion sdpa's kernels use), ±∞ beyond ±65504, NaN stays NaN. `src` and
+// `dst` may be NULL only when `n` is 0 (`SDPA_STATUS_NULL_POINTER` otherwise), must be
+// aligned to their types and must not overlap (`SDPA_STATUS_ALIASED_BUFFERS`).
+//
+// # Safety
+// `src` is valid for reads of `n` floats, `dst` for writes of `n` `uint16_t`.
+enum sdpa_status sdpa_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+
+// Widens `n` IEEE binary16 bit patterns at `src` to floats at `dst` (exact). NULL, alignment
+// and overlap as `sdpa_f32_to_f16`.
+//
+// # Safety
+// `src` is valid for reads of `n` `uint16_t`, `dst` for writes of `n` floats.
+enum sdpa_status sdpa_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+
+// Rounds `n` floats at `src` to bfloat16 bit patterns at `dst`: round to nearest, ties to
+// even, ±∞ beyond bf16's range, NaN stays NaN. NULL, alignment and overlap as
+// `sdpa_f32_to_f16`.
+//
+// # Safety
+// As `sdpa_f32_to_f16`.
+enum sdpa_status sdpa_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+
+// Widens `n` bfloat16 bit patterns at `src` to floats at `dst` (exact). NULL, alignment and
+// overlap as `sdpa_f32_to_f16`.
+//
+// # Safety
+// As `sdpa_f16_to_f32`.
+enum sdpa_status sdpa_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 
 // The standard ALiBi slopes for `heads` heads (Press et al.), written to `out`, which holds
 // `out_len ≥ heads` floats.

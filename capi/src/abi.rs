@@ -7,7 +7,8 @@ use std::ffi::c_void;
 /// Version of this ABI. It changes only when an existing struct or function changes
 /// incompatibly; new fields are appended to structs, whose `size` field tells which fields the
 /// caller knows. (Appending `kv_dtype` and `out_dtype` to `sdpa_attention_args`, and
-/// `bf16_products`, then `k_scales` and `v_scales`, to `sdpa_options`, kept it at 1: a caller
+/// `bf16_products`, then `k_scales` and `v_scales`, then `kv_lens_before`, to `sdpa_options`,
+/// and adding functions and structs (`sdpa_plan_*`, the conversions), kept it at 1: a caller
 /// built against the first version still works unchanged.)
 pub const SDPA_ABI_VERSION: u32 = 1;
 
@@ -242,12 +243,22 @@ pub struct SdpaOptions {
     pub k_scales: SdpaTensor,
     /// The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
     pub v_scales: SdpaTensor,
+    /// Nonzero: `kv_lens` counts each sequence's keys *before* this call's query rows
+    /// (FlashAttention-2's `cache_seqlens`, the Rust `sdpa::Options::cache_seqlens`), which
+    /// the caller has appended right after them (`sdpa_append`): sequence `b` has
+    /// `kv_lens[b] + n_q(b)` keys (`n_q(b)`: its query rows; `n_q` in a dense or paged call),
+    /// and everything said of `kv_lens` holds for those sums. 0: `kv_lens` counts every key the
+    /// call reads. Added in the struct's fourth version: a caller whose `size` ends at
+    /// `v_scales` gets 0.
+    pub kv_lens_before: u32,
 }
 
 /// `sizeof(sdpa_options)` of the first version of the struct (no `bf16_products`).
 pub(crate) const OPTIONS_V1_SIZE: usize = std::mem::offset_of!(SdpaOptions, bf16_products);
 /// `sizeof(sdpa_options)` of the second version (no `k_scales`, `v_scales`).
 pub(crate) const OPTIONS_V2_SIZE: usize = std::mem::offset_of!(SdpaOptions, k_scales);
+/// `sizeof(sdpa_options)` of the third version (no `kv_lens_before`).
+pub(crate) const OPTIONS_V3_SIZE: usize = std::mem::offset_of!(SdpaOptions, kv_lens_before);
 
 /// One partial result for `sdpa_merge_partials`: an output over a subset of the keys and its
 /// LSE, as written by `sdpa_attention` with an LSE pointer.
@@ -474,4 +485,93 @@ pub struct SdpaAppendArgs {
     pub k_scales: SdpaTensorMut,
     /// Per-(token, kv head) value scales, as `k_scales`.
     pub v_scales: SdpaTensorMut,
+}
+
+/// What every layer of a serving step shares, for `sdpa_plan_new`: the packed query rows, the
+/// K/V layout (`kv_layout`, as in `sdpa_varlen_args`), the heads and head sizes. With the
+/// options (key lengths by `kv_lens`, required for paged K/V, and `kv_lens_before`;
+/// everything else as in `sdpa_attention_varlen`), the Rust `sdpa::Plan::new`'s operands.
+///
+/// Every layer's Q is `[1, total_q, heads, d_k]` with sequence `b` in rows
+/// `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` (`total_q` the last offset), its output
+/// `[1, total_q, heads, d_v]`, its LSE `[heads, total_q]`. K and V are packed
+/// (`SDPA_KV_PACKED`: `[1, total_kv, kv_heads, d]`, `cu_seqlens_k`, `total_kv` its last
+/// offset) or page pools (`SDPA_KV_PAGED`: `[num_pages, page_size, kv_heads, d]` read
+/// through `block_table`, `pages_per_seq` entries per sequence). The fields of the layout not
+/// in use must be zero/NULL (`SDPA_STATUS_INVALID_ARGUMENT` otherwise).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaPlanArgs {
+    /// `sizeof(sdpa_plan_args)` as the caller compiled it.
+    pub size: usize,
+    /// `SDPA_KV_PACKED` or `SDPA_KV_PAGED`.
+    pub kv_layout: u32,
+    /// Query heads (a positive multiple of `kv_heads`).
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head size of Q and K.
+    pub d_k: usize,
+    /// Head size of V and the output.
+    pub d_v: usize,
+    /// Query offsets (`int32_t`, `B + 1` non-decreasing, non-negative). NULL only when
+    /// `cu_seqlens_q_len` is 0.
+    pub cu_seqlens_q: *const i32,
+    /// Entries at `cu_seqlens_q` (`B + 1`).
+    pub cu_seqlens_q_len: usize,
+    /// Packed layout: key offsets (`int32_t`, `B + 1`). Paged layout: NULL.
+    pub cu_seqlens_k: *const i32,
+    /// Entries at `cu_seqlens_k` (packed: `B + 1`; paged: 0).
+    pub cu_seqlens_k_len: usize,
+    /// Paged layout: page indices `[B][pages_per_seq]` as in `sdpa_paged_args`. Packed
+    /// layout: NULL.
+    pub block_table: *const u32,
+    /// Entries at `block_table` (paged: `B·pages_per_seq`; packed: 0).
+    pub block_table_len: usize,
+    /// Paged layout: entries per row of the table. Packed layout: 0.
+    pub pages_per_seq: usize,
+    /// Paged layout: tokens per page (dim 1 of the pools, nonzero). Packed layout: 0.
+    pub page_size: usize,
+}
+
+/// One layer of a step, for `sdpa_plan_run`: its Q, K/V and output (element types as in
+/// `sdpa_varlen_args`, any combination, `kv_dtype` also `SDPA_DTYPE_I8`), its LSE if wanted,
+/// the scales of `SDPA_DTYPE_I8` K/V and its attention sinks. A zeroed struct is all f32.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SdpaPlanRunArgs {
+    /// `sizeof(sdpa_plan_run_args)` as the caller compiled it.
+    pub size: usize,
+    /// Element type of Q (`SDPA_DTYPE_*`).
+    pub q_dtype: u32,
+    /// Element type of K and V (`SDPA_DTYPE_*`).
+    pub kv_dtype: u32,
+    /// Element type of out (`SDPA_DTYPE_*`).
+    pub out_dtype: u32,
+    /// Packed queries, `[1, total_q, heads, d_k]`.
+    pub q: SdpaTensor,
+    /// Keys: packed `[1, total_kv, kv_heads, d_k]`, or the layer's key page pool
+    /// `[num_pages, page_size, kv_heads, d_k]` with at least the pages the step's table
+    /// reaches (one past its largest entry within the key lengths).
+    pub k: SdpaTensor,
+    /// Values: packed `[1, total_kv, kv_heads, d_v]`, or the value page pool
+    /// `[num_pages, page_size, kv_heads, d_v]` (the pages of `k`).
+    pub v: SdpaTensor,
+    /// Output, `[1, total_q, heads, d_v]` (rows outside every sequence are not written).
+    pub out: SdpaTensorMut,
+    /// Optional log-sum-exp output (`float`), `lse[h·total_q + t]`; NULL for none.
+    pub lse: *mut f32,
+    /// Number of floats at `lse`: must be `heads·total_q` when `lse` is not NULL.
+    pub lse_len: usize,
+    /// The `float` scales of `SDPA_DTYPE_I8` keys, as `sdpa_options.k_scales` (against the
+    /// pool's dims); `data` NULL for none. Required with 8-bit K/V, refused with float K/V
+    /// (`SDPA_STATUS_KV_SCALES`).
+    pub k_scales: SdpaTensor,
+    /// The scales of `SDPA_DTYPE_I8` values, as `k_scales` against V's dims.
+    pub v_scales: SdpaTensor,
+    /// This layer's attention-sink logits, one per query head, or NULL (with length 0): the
+    /// plan's own sinks (`sdpa_options.sinks`) apply then.
+    pub sinks: *const f32,
+    /// Entries at `sinks`.
+    pub sinks_len: usize,
 }

@@ -1,21 +1,21 @@
 //! The bodies of the entry points: reading the argument and option structs, validating every
 //! operand, building the Rust options, and running the typed call on the selected pool.
 
-use sdpa::{Operand, Options, Partial, Tensor};
+use sdpa::{Operand, Partial};
 
 use crate::abi::{
     SdpaAttentionArgs, SdpaMergeArgs, SdpaOptions, SdpaPagedArgs, SdpaStatus, SdpaTensor,
-    SdpaTensorMut, SdpaVarlenArgs, ATTENTION_ARGS_V1_SIZE, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE,
-    SDPA_KV_PACKED, SDPA_KV_PAGED,
+    SdpaTensorMut, SdpaVarlenArgs, ATTENTION_ARGS_V1_SIZE, SDPA_KV_PACKED, SDPA_KV_PAGED,
 };
 use crate::dispatch::{
-    any_input, any_kv, any_output, run_any, AnyKv, AnyTensor, Call, Pages, VarlenLayout,
+    any_input, any_kv, any_output, run_any, AnyKv, AnyTensor, Attention, Call, Pages, VarlenLayout,
 };
+use crate::options::{read_options, OptionInputs};
 use crate::status::Failure;
 use crate::threads::in_pool;
 use crate::validate::{
-    alignment, copy_mask, dtype, input, input_array, offsets, output, output_array, read_versioned,
-    required_array, Dtype, MaskCopy, Span,
+    dtype, input, input_array, offsets, output, output_array, read_versioned, required_array,
+    Dtype, Span,
 };
 
 /// Everything an attention call reads, validated and borrowed from the caller.
@@ -23,13 +23,7 @@ struct Inputs<'a> {
     q: AnyTensor<'a>,
     kv: AnyKv<'a>,
     spans: Vec<Span>,
-    opts: SdpaOptions,
-    kv_lens: Option<&'a [usize]>,
-    bias: Option<Tensor<'a, f32>>,
-    mask: Option<MaskCopy>,
-    slopes: Option<&'a [f32]>,
-    sinks: Option<&'a [f32]>,
-    kv_scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
+    opts: OptionInputs<'a>,
 }
 
 /// Q, K, V (K and V as dense tensors, page pools or packed rows: read alike) and the options.
@@ -41,114 +35,12 @@ unsafe fn read_inputs<'a>(
     types: &Types,
     opts: *const SdpaOptions,
 ) -> Result<Inputs<'a>, Failure> {
-    let opts = if opts.is_null() {
-        // SAFETY: all-zero bytes are a valid `SdpaOptions` (plain attention).
-        unsafe { std::mem::zeroed() }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { read_versioned(opts, &[OPTIONS_V1_SIZE, OPTIONS_V2_SIZE], "options") }?.0
-    };
     let mut spans = Vec::new();
     // SAFETY (all blocks below): the caller's contract, forwarded.
     let q = unsafe { any_input(q, Operand::Query, types.q, &mut spans) }?;
     let kv = unsafe { any_kv(k, v, types.kv, &mut spans) }?;
-    let kv_lens = unsafe { input_array(opts.kv_lens, opts.kv_lens_len, "kv_lens", &mut spans) }?;
-    let bias = if opts.bias.data.is_null() {
-        None
-    } else {
-        let (b, s) = unsafe { input(&opts.bias, Operand::Bias) }?;
-        spans.push(s);
-        Some(b)
-    };
-    let mask = if opts.mask.data.is_null() {
-        None
-    } else {
-        Some(unsafe { copy_mask(&opts.mask, &mut spans) }?)
-    };
-    let slopes = unsafe {
-        input_array(
-            opts.alibi_slopes,
-            opts.alibi_slopes_len,
-            "alibi slopes",
-            &mut spans,
-        )
-    }?;
-    let sinks = unsafe { input_array(opts.sinks, opts.sinks_len, "sinks", &mut spans) }?;
-    let kv_scales = match (opts.k_scales.data.is_null(), opts.v_scales.data.is_null()) {
-        (true, true) => None,
-        (false, false) => {
-            let (k, ks) = unsafe { input(&opts.k_scales, Operand::KeyScales) }?;
-            let (v, vs) = unsafe { input(&opts.v_scales, Operand::ValueScales) }?;
-            spans.extend([ks, vs]);
-            Some((k, v))
-        }
-        (k_null, _) => {
-            let missing = if k_null { "k_scales" } else { "v_scales" };
-            return Err(Failure::new(
-                SdpaStatus::NullPointer,
-                format!("options.{missing}: pointer is NULL (the other scales are given)"),
-            ));
-        }
-    };
-    Ok(Inputs {
-        q,
-        kv,
-        spans,
-        opts,
-        kv_lens,
-        bias,
-        mask,
-        slopes,
-        sinks,
-        kv_scales,
-    })
-}
-
-/// Builds the Rust options from the C struct and the borrowed inputs.
-fn options<'a>(inputs: &'a Inputs<'_>) -> Result<Options<'a>, Failure> {
-    let o = &inputs.opts;
-    let mut opts = Options::new();
-    if o.has_scale != 0 {
-        opts = opts.scale(o.scale);
-    }
-    if let Some(a) = alignment(o.causal, "options.causal")? {
-        opts = opts.causal(a);
-    }
-    if let Some(a) = alignment(o.window, "options.window")? {
-        opts = opts.sliding_window(o.window_left, o.window_right, a);
-    }
-    if let Some(lens) = inputs.kv_lens {
-        opts = opts.kv_lens(lens);
-    }
-    if let Some(bias) = inputs.bias {
-        opts = opts.bias(bias);
-    }
-    if let Some(mask) = &inputs.mask {
-        opts = opts.mask(Tensor::new(&mask.data, mask.dims, mask.strides)?);
-    }
-    match (alignment(o.alibi, "options.alibi")?, inputs.slopes) {
-        (Some(a), Some(slopes)) => opts = opts.alibi(slopes, a),
-        (Some(_), None) => {
-            return Err(Failure::new(
-                SdpaStatus::NullPointer,
-                "alibi slopes: pointer is NULL",
-            ))
-        }
-        (None, _) => {}
-    }
-    if o.has_softcap != 0 {
-        opts = opts.softcap(o.softcap);
-    }
-    if let Some(sinks) = inputs.sinks {
-        opts = opts.sinks(sinks);
-    }
-    if o.bf16_products != 0 {
-        opts = opts.bf16_products();
-    }
-    if let Some((k, v)) = inputs.kv_scales {
-        opts = opts.kv_scales(k, v);
-    }
-    Ok(opts)
+    let opts = unsafe { read_options(opts, &mut spans) }?;
+    Ok(Inputs { q, kv, spans, opts })
 }
 
 /// The element types of an attention call.
@@ -214,14 +106,18 @@ unsafe fn attend(
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
     let inputs = unsafe { read_inputs(tensors, types, opts) }?;
-    let rust_opts = options(&inputs)?;
+    let rust_opts = inputs.opts.options()?;
     let mut reads = layout;
     reads.extend_from_slice(&inputs.spans);
     let (mut out, out_span) = unsafe { any_output(out, types.out, &reads) }?;
     reads.push(out_span);
     let lse = unsafe { output_array(lse, lse_len, &reads, "lse") }?;
     let (q, kv) = (&inputs.q, &inputs.kv);
-    in_pool(move || run_any(call, q, kv, &mut out, lse, &rust_opts))??;
+    let mut kernel = Attention {
+        call,
+        opts: &rust_opts,
+    };
+    in_pool(move || run_any(&mut kernel, q, kv, &mut out, lse))??;
     Ok(())
 }
 
@@ -278,16 +174,6 @@ pub(crate) unsafe fn varlen_entry(
     // SAFETY (all blocks): the caller's contract, forwarded.
     let args = unsafe { read_versioned(args, &[], "varlen args") }?.0;
     let types = types(args.q_dtype, args.kv_dtype, args.out_dtype)?;
-    let unused = |what: &str, set: bool| {
-        if set {
-            Err(Failure::new(
-                SdpaStatus::InvalidArgument,
-                format!("{what} must be NULL/0 with kv_layout {}", args.kv_layout),
-            ))
-        } else {
-            Ok(())
-        }
-    };
     let mut layout = Vec::new();
     let cu_q = unsafe {
         offsets(
@@ -297,49 +183,18 @@ pub(crate) unsafe fn varlen_entry(
             &mut layout,
         )
     }?;
-    let cu_k;
-    let kv = match args.kv_layout {
-        SDPA_KV_PACKED => {
-            unused(
-                "block_table, block_table_len and pages_per_seq",
-                !args.block_table.is_null() || args.block_table_len != 0 || args.pages_per_seq != 0,
-            )?;
-            cu_k = unsafe {
-                offsets(
-                    args.cu_seqlens_k,
-                    args.cu_seqlens_k_len,
-                    Operand::CuSeqlensK,
-                    &mut layout,
-                )
-            }?;
-            VarlenLayout::Packed {
-                cu_seqlens_k: &cu_k,
-            }
-        }
-        SDPA_KV_PAGED => {
-            unused(
-                "cu_seqlens_k and cu_seqlens_k_len",
-                !args.cu_seqlens_k.is_null() || args.cu_seqlens_k_len != 0,
-            )?;
-            let table = unsafe {
-                required_array(
-                    args.block_table,
-                    args.block_table_len,
-                    "block table",
-                    &mut layout,
-                )
-            }?;
-            VarlenLayout::Paged(Pages {
-                table,
-                pages_per_seq: args.pages_per_seq,
-            })
-        }
-        other => {
-            return Err(Failure::new(
-                SdpaStatus::InvalidArgument,
-                format!("kv_layout: {other} is not an SDPA_KV_* value"),
-            ))
-        }
+    let arrays = unsafe {
+        kv_arrays(
+            args.kv_layout,
+            (args.cu_seqlens_k, args.cu_seqlens_k_len),
+            (args.block_table, args.block_table_len, args.pages_per_seq),
+            ("block_table, block_table_len and pages_per_seq", false),
+            &mut layout,
+        )
+    }?;
+    let kv = match &arrays {
+        KvArrays::Packed(cu_k) => VarlenLayout::Packed { cu_seqlens_k: cu_k },
+        KvArrays::Paged(pages) => VarlenLayout::Paged(*pages),
     };
     let call = Call::Varlen {
         cu_seqlens_q: &cu_q,
@@ -355,6 +210,62 @@ pub(crate) unsafe fn varlen_entry(
             layout,
             call,
         )
+    }
+}
+
+/// Where the keys of a varlen call or a plan lie: converted key offsets or a block table.
+pub(crate) enum KvArrays<'a> {
+    Packed(Vec<usize>),
+    Paged(Pages<'a>),
+}
+
+/// The K/V arrays of `kv_layout` (`SDPA_KV_*`): key offsets `(cu_seqlens_k, len)` for packed
+/// K/V, the block table `(table, len, pages_per_seq)` for paged. The fields of the other
+/// layout must be NULL/0: `paged_fields` names the paged ones, `paged_set` tells whether a
+/// paged field outside the table's is set.
+///
+/// # Safety
+/// Each array, unless NULL, is valid for its length.
+pub(crate) unsafe fn kv_arrays<'a>(
+    kv_layout: u32,
+    (cu_k, cu_k_len): (*const i32, usize),
+    (table, table_len, pages_per_seq): (*const u32, usize, usize),
+    (paged_fields, paged_set): (&str, bool),
+    spans: &mut Vec<Span>,
+) -> Result<KvArrays<'a>, Failure> {
+    let unused = |what: &str, set: bool| {
+        if set {
+            Err(Failure::new(
+                SdpaStatus::InvalidArgument,
+                format!("{what} must be NULL/0 with kv_layout {kv_layout}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY (both blocks): the caller's contract, forwarded.
+    match kv_layout {
+        SDPA_KV_PACKED => {
+            let set = !table.is_null() || table_len != 0 || pages_per_seq != 0 || paged_set;
+            unused(paged_fields, set)?;
+            let cu_k = unsafe { offsets(cu_k, cu_k_len, Operand::CuSeqlensK, spans) }?;
+            Ok(KvArrays::Packed(cu_k))
+        }
+        SDPA_KV_PAGED => {
+            unused(
+                "cu_seqlens_k and cu_seqlens_k_len",
+                !cu_k.is_null() || cu_k_len != 0,
+            )?;
+            let table = unsafe { required_array(table, table_len, "block table", spans) }?;
+            Ok(KvArrays::Paged(Pages {
+                table,
+                pages_per_seq,
+            }))
+        }
+        other => Err(Failure::new(
+            SdpaStatus::InvalidArgument,
+            format!("kv_layout: {other} is not an SDPA_KV_* value"),
+        )),
     }
 }
 

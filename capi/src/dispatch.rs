@@ -1,6 +1,6 @@
 //! Type erasure and dispatch: the validated operands of each element type as one value each
-//! ([`AnyTensor`], [`AnyKv`], [`AnyTensorMut`]), which Rust function a call runs ([`Call`]),
-//! and the dispatch from the three runtime types to the generic call.
+//! ([`AnyTensor`], [`AnyKv`], [`AnyTensorMut`]), which Rust function a call runs ([`Call`],
+//! [`Kernel`]), and the dispatch from the three runtime types to the generic call.
 
 use sdpa::half::{bf16, f16};
 use sdpa::{Element, KvElement, Operand, Options, PackedKv, PagedKv, Tensor, TensorMut, VarlenKv};
@@ -141,87 +141,106 @@ pub(crate) enum VarlenLayout<'a> {
     Paged(Pages<'a>),
 }
 
-/// One typed call: the generic Rust function for these element types.
-fn run<Q: Element, KV: KvElement, O: Element>(
-    call: Call<'_>,
-    q: &Tensor<'_, Q>,
-    k: &Tensor<'_, KV>,
-    v: &Tensor<'_, KV>,
-    out: &mut TensorMut<'_, O>,
-    lse: Option<&mut [f32]>,
-    opts: &Options<'_>,
-) -> Result<(), sdpa::Error> {
-    fn paged<'a, T: KvElement>(
-        k: &Tensor<'a, T>,
-        v: &Tensor<'a, T>,
-        p: Pages<'a>,
-    ) -> Result<PagedKv<'a, T>, sdpa::Error> {
-        PagedKv::new(*k, *v, p.table, p.pages_per_seq)
-    }
-    match (call, lse) {
-        (Call::Fused, Some(lse)) => sdpa::attention_lse(q, k, v, out, lse, opts),
-        (Call::Fused, None) => sdpa::attention(q, k, v, out, opts),
-        (Call::Reference, Some(lse)) => sdpa::reference::attention_lse(q, k, v, out, lse, opts),
-        (Call::Reference, None) => sdpa::reference::attention(q, k, v, out, opts),
-        (Call::Paged(p), lse) => sdpa::attention_paged(q, &paged(k, v, p)?, out, lse, opts),
-        (Call::Varlen { cu_seqlens_q, kv }, lse) => {
-            let kv = match kv {
-                VarlenLayout::Packed { cu_seqlens_k } => {
-                    VarlenKv::Packed(PackedKv::new(*k, *v, cu_seqlens_k))
-                }
-                VarlenLayout::Paged(p) => VarlenKv::Paged(paged(k, v, p)?),
-            };
-            sdpa::attention_varlen(q, cu_seqlens_q, &kv, out, lse, opts)
+/// A typed call to run once the element types are known: [`Attention`] for the entry points,
+/// a plan's layer for `sdpa_plan_run`.
+pub(crate) trait Kernel {
+    /// Runs on operands of these element types.
+    fn run<Q: Element, KV: KvElement, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        k: &Tensor<'_, KV>,
+        v: &Tensor<'_, KV>,
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+    ) -> Result<(), sdpa::Error>;
+}
+
+/// An entry point's call with its options.
+pub(crate) struct Attention<'a> {
+    pub(crate) call: Call<'a>,
+    pub(crate) opts: &'a Options<'a>,
+}
+
+impl Kernel for Attention<'_> {
+    /// The generic Rust function for these element types.
+    fn run<Q: Element, KV: KvElement, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        k: &Tensor<'_, KV>,
+        v: &Tensor<'_, KV>,
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+    ) -> Result<(), sdpa::Error> {
+        fn paged<'a, T: KvElement>(
+            k: &Tensor<'a, T>,
+            v: &Tensor<'a, T>,
+            p: Pages<'a>,
+        ) -> Result<PagedKv<'a, T>, sdpa::Error> {
+            PagedKv::new(*k, *v, p.table, p.pages_per_seq)
+        }
+        let opts = self.opts;
+        match (self.call, lse) {
+            (Call::Fused, Some(lse)) => sdpa::attention_lse(q, k, v, out, lse, opts),
+            (Call::Fused, None) => sdpa::attention(q, k, v, out, opts),
+            (Call::Reference, Some(lse)) => sdpa::reference::attention_lse(q, k, v, out, lse, opts),
+            (Call::Reference, None) => sdpa::reference::attention(q, k, v, out, opts),
+            (Call::Paged(p), lse) => sdpa::attention_paged(q, &paged(k, v, p)?, out, lse, opts),
+            (Call::Varlen { cu_seqlens_q, kv }, lse) => {
+                let kv = match kv {
+                    VarlenLayout::Packed { cu_seqlens_k } => {
+                        VarlenKv::Packed(PackedKv::new(*k, *v, cu_seqlens_k))
+                    }
+                    VarlenLayout::Paged(p) => VarlenKv::Paged(paged(k, v, p)?),
+                };
+                sdpa::attention_varlen(q, cu_seqlens_q, &kv, out, lse, opts)
+            }
         }
     }
 }
 
 /// Dispatches on the output's type (Q and K/V already typed).
 fn run_out<Q: Element, KV: KvElement>(
-    call: Call<'_>,
+    kernel: &mut impl Kernel,
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
     v: &Tensor<'_, KV>,
     out: &mut AnyTensorMut<'_>,
     lse: Option<&mut [f32]>,
-    opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match out {
-        AnyTensorMut::F32(out) => run(call, q, k, v, out, lse, opts),
-        AnyTensorMut::F16(out) => run(call, q, k, v, out, lse, opts),
-        AnyTensorMut::Bf16(out) => run(call, q, k, v, out, lse, opts),
+        AnyTensorMut::F32(out) => kernel.run(q, k, v, out, lse),
+        AnyTensorMut::F16(out) => kernel.run(q, k, v, out, lse),
+        AnyTensorMut::Bf16(out) => kernel.run(q, k, v, out, lse),
     }
 }
 
 /// Dispatches on the K/V type (Q already typed).
 fn run_kv<Q: Element>(
-    call: Call<'_>,
+    kernel: &mut impl Kernel,
     q: &Tensor<'_, Q>,
     kv: &AnyKv<'_>,
     out: &mut AnyTensorMut<'_>,
     lse: Option<&mut [f32]>,
-    opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match kv {
-        AnyKv::F32(k, v) => run_out(call, q, k, v, out, lse, opts),
-        AnyKv::F16(k, v) => run_out(call, q, k, v, out, lse, opts),
-        AnyKv::Bf16(k, v) => run_out(call, q, k, v, out, lse, opts),
-        AnyKv::I8(k, v) => run_out(call, q, k, v, out, lse, opts),
+        AnyKv::F32(k, v) => run_out(kernel, q, k, v, out, lse),
+        AnyKv::F16(k, v) => run_out(kernel, q, k, v, out, lse),
+        AnyKv::Bf16(k, v) => run_out(kernel, q, k, v, out, lse),
+        AnyKv::I8(k, v) => run_out(kernel, q, k, v, out, lse),
     }
 }
 
-/// Dispatches on all three types: 36 monomorphizations of [`run`].
+/// Dispatches on all three types: 36 monomorphizations of `kernel`'s [`Kernel::run`].
 pub(crate) fn run_any(
-    call: Call<'_>,
+    kernel: &mut impl Kernel,
     q: &AnyTensor<'_>,
     kv: &AnyKv<'_>,
     out: &mut AnyTensorMut<'_>,
     lse: Option<&mut [f32]>,
-    opts: &Options<'_>,
 ) -> Result<(), sdpa::Error> {
     match q {
-        AnyTensor::F32(q) => run_kv(call, q, kv, out, lse, opts),
-        AnyTensor::F16(q) => run_kv(call, q, kv, out, lse, opts),
-        AnyTensor::Bf16(q) => run_kv(call, q, kv, out, lse, opts),
+        AnyTensor::F32(q) => run_kv(kernel, q, kv, out, lse),
+        AnyTensor::F16(q) => run_kv(kernel, q, kv, out, lse),
+        AnyTensor::Bf16(q) => run_kv(kernel, q, kv, out, lse),
     }
 }

@@ -1,7 +1,8 @@
 //! Validation of raw inputs: the elements a view reaches, null, alignment and address-space
 //! checks of pointers, the byte spans of the buffers a call reads and writes and their
 //! disjointness, tensors and arrays built from raw pointers, versioned struct reads, element
-//! type and alignment values, the copy of a byte mask, and sequence offsets.
+//! type and alignment values, compact copies of views (a byte mask as `bool`s), and sequence
+//! offsets.
 
 use sdpa::{Alignment, Operand, Tensor, TensorMut};
 
@@ -137,17 +138,17 @@ pub(crate) unsafe fn output<'a, T>(
     Ok((TensorMut::new(slice, t.dims, t.strides)?, span))
 }
 
-/// An optional `f32` output array of `len` elements (NULL with length 0: none; NULL with a
-/// nonzero length: [`SdpaStatus::NullPointer`], as every array of the ABI).
+/// An optional output array of `len` elements (NULL with length 0: none; NULL with a nonzero
+/// length: [`SdpaStatus::NullPointer`], as every array of the ABI), checked against `reads`.
 ///
 /// # Safety
-/// `ptr`, if not NULL, must be valid for reads and writes of `len` floats, exclusively.
-pub(crate) unsafe fn output_array<'a>(
-    ptr: *mut f32,
+/// `ptr`, if not NULL, must be valid for reads and writes of `len` elements, exclusively.
+pub(crate) unsafe fn output_array<'a, T>(
+    ptr: *mut T,
     len: usize,
     reads: &[Span],
     what: &str,
-) -> Result<Option<&'a mut [f32]>, Failure> {
+) -> Result<Option<&'a mut [T]>, Failure> {
     if ptr.is_null() {
         return absent(len, what);
     }
@@ -277,15 +278,66 @@ pub(crate) fn alignment(value: u32, what: &str) -> Result<Option<Alignment>, Fai
     }
 }
 
-/// Owned pieces the options borrow: the mask converted to `bool`.
-pub(crate) struct MaskCopy {
-    pub(crate) data: Vec<bool>,
+/// A compact copy of a view's distinct elements: what a mask becomes (bytes to `bool`) and
+/// what a plan keeps of the options' tensors.
+pub(crate) struct Copied<T> {
+    pub(crate) data: Vec<T>,
     pub(crate) dims: [usize; 4],
     pub(crate) strides: [usize; 4],
 }
 
-/// Copies a byte mask into `bool`s (nonzero = visible), keeping broadcast dims (size 1 or
-/// stride 0) broadcast, so the copy is no larger than the distinct elements the view holds.
+impl<T> Copied<T> {
+    /// The copy as a tensor of the original's dims.
+    pub(crate) fn tensor(&self) -> Result<Tensor<'_, T>, Failure> {
+        Ok(Tensor::new(&self.data, self.dims, self.strides)?)
+    }
+}
+
+/// The mask converted to `bool` (nonzero = visible).
+pub(crate) type MaskCopy = Copied<bool>;
+
+/// Copies the elements of `x` through `f`, keeping broadcast dims (size 1 or stride 0)
+/// broadcast, so the copy is no larger than the distinct elements the view holds.
+pub(crate) fn compact<S: Copy, T>(
+    x: Tensor<'_, S>,
+    f: impl Fn(S) -> T,
+) -> Result<Copied<T>, Failure> {
+    let (dims, strides, slice) = (x.dims(), x.strides(), x.data());
+    let kept: [usize; 4] = std::array::from_fn(|i| if strides[i] == 0 { 1 } else { dims[i] });
+    let count = kept.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
+    let count =
+        count.ok_or_else(|| Failure::from(sdpa::Error::LayoutOverflow { dims, strides }))?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(count).map_err(|_| {
+        Failure::from(sdpa::Error::OutOfMemory {
+            bytes: count.saturating_mul(std::mem::size_of::<T>()),
+        })
+    })?;
+    for b in 0..kept[0] {
+        for s in 0..kept[1] {
+            for h in 0..kept[2] {
+                for d in 0..kept[3] {
+                    let at = b * strides[0] + s * strides[1] + h * strides[2] + d * strides[3];
+                    data.push(f(slice[at]));
+                }
+            }
+        }
+    }
+    // Contiguous strides over the kept dims; broadcast dims get stride 0.
+    let mut copy_strides = [0usize; 4];
+    let mut step = 1usize;
+    for i in (0..4).rev() {
+        copy_strides[i] = if kept[i] == 1 { 0 } else { step };
+        step *= kept[i];
+    }
+    Ok(Copied {
+        data,
+        dims,
+        strides: copy_strides,
+    })
+}
+
+/// Copies a byte mask into `bool`s (nonzero = visible), as [`compact`].
 ///
 /// # Safety
 /// As [`raw_tensor`].
@@ -294,44 +346,8 @@ pub(crate) unsafe fn copy_mask(t: &SdpaTensor, spans: &mut Vec<Span>) -> Result<
     let raw = unsafe { raw_tensor::<u8>(t, "mask tensor") }?;
     spans.push(raw.span);
     // Validate the view as sdpa would (same errors), then copy it.
-    Tensor::new(raw.slice, raw.dims, raw.strides)?;
-    let kept: [usize; 4] =
-        std::array::from_fn(|i| if raw.strides[i] == 0 { 1 } else { raw.dims[i] });
-    let count = kept.iter().try_fold(1usize, |a, &n| a.checked_mul(n));
-    let count = count.ok_or_else(|| {
-        Failure::from(sdpa::Error::LayoutOverflow {
-            dims: raw.dims,
-            strides: raw.strides,
-        })
-    })?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(count)
-        .map_err(|_| Failure::from(sdpa::Error::OutOfMemory { bytes: count }))?;
-    for b in 0..kept[0] {
-        for s in 0..kept[1] {
-            for h in 0..kept[2] {
-                for d in 0..kept[3] {
-                    let at = b * raw.strides[0]
-                        + s * raw.strides[1]
-                        + h * raw.strides[2]
-                        + d * raw.strides[3];
-                    data.push(raw.slice[at] != 0);
-                }
-            }
-        }
-    }
-    // Contiguous strides over the kept dims; broadcast dims get stride 0.
-    let mut strides = [0usize; 4];
-    let mut step = 1usize;
-    for i in (0..4).rev() {
-        strides[i] = if kept[i] == 1 { 0 } else { step };
-        step *= kept[i];
-    }
-    Ok(MaskCopy {
-        data,
-        dims: raw.dims,
-        strides,
-    })
+    let view = Tensor::new(raw.slice, raw.dims, raw.strides)?;
+    compact(view, |m| m != 0)
 }
 
 /// A required input array: NULL is accepted only for an empty one (the call then reports a

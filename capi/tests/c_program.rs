@@ -2,7 +2,8 @@
 //! committed header and this crate's static library, runs it, and requires exit status 0.
 //! The C program checks GQA causal attention with LSE on ggml-like strided tensors against a
 //! double-precision loop and against the f64 reference through the C API, bad inputs (status and
-//! message), one-thread determinism and a split-KV merge.
+//! message), one-thread determinism, a split-KV merge, the element types, paged and varlen
+//! calls, a plan run for two layers and the float/half conversions.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

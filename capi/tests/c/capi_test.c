@@ -4,7 +4,8 @@
  * attention with LSE, and checks it against a plain double-precision loop written here and
  * against sdpa's f64 reference called through the C API. Then bad inputs, threads, a merge,
  * the element types: an f16 KV cache with f32 Q/out (llama.cpp's way) and all-bf16, a paged
- * decode over a shuffled block table and a packed variable-length batch.
+ * decode over a shuffled block table and a packed variable-length batch, the same batch as a
+ * plan run for two layers, and the float/half conversions.
  * Exit status 0 on success; every failed check prints a line. */
 #include "sdpa.h"
 
@@ -707,6 +708,92 @@ int main(void) {
             CHECK(st == SDPA_STATUS_INVALID_VALUE, "negative offset: %s", sdpa_status_name(st));
             CHECK(strcmp(sdpa_last_error_message(), "cu_seqlens_q[2]: offset is negative") == 0,
                   "negative offset message: %s", sdpa_last_error_message());
+        }
+
+        /* 11. The same step as a plan, whose offsets are copies (the caller's array is
+         * overwritten after sdpa_plan_new), run for two layers: the f32 K/V above (the varlen
+         * call's bits) and the same K/V rounded to f16 by sdpa_f32_to_f16 (the bits of
+         * sdpa_attention_varlen with an f16 K/V). The conversions agree with this file's. */
+        {
+            enum { NKV_ELEMS = TK * HKV * D };
+            int32_t my_q[VB + 1];
+            uint16_t hk[NKV_ELEMS], hv[NKV_ELEMS], hq[TQ * H * D];
+            float back[NKV_ELEMS], qback[TQ * H * D], pout[TQ * H * D], plse[H * TQ],
+                rout[TQ * H * D], rlse[H * TQ];
+            size_t bad = 0;
+            sdpa_plan *plan = NULL;
+            sdpa_plan_args pl;
+            sdpa_plan_run_args ra;
+            memcpy(my_q, cu_q, sizeof my_q);
+            memset(&pl, 0, sizeof pl);
+            pl.size = sizeof pl;
+            pl.kv_layout = SDPA_KV_PACKED;
+            pl.heads = H;
+            pl.kv_heads = HKV;
+            pl.d_k = D;
+            pl.d_v = D;
+            pl.cu_seqlens_q = my_q;
+            pl.cu_seqlens_q_len = VB + 1;
+            pl.cu_seqlens_k = cu_k;
+            pl.cu_seqlens_k_len = VB + 1;
+            st = sdpa_plan_new(&pl, &vo, &plan);
+            CHECK(st == SDPA_STATUS_OK && plan != NULL, "plan: %s", sdpa_last_error_message());
+            memset(my_q, 0xff, sizeof my_q);
+
+            memset(&ra, 0, sizeof ra);
+            ra.size = sizeof ra;
+            ra.q = va.q;
+            ra.k = va.k;
+            ra.v = va.v;
+            ra.out = va.out;
+            ra.out.data = pout;
+            ra.lse = plse;
+            ra.lse_len = H * TQ;
+            st = sdpa_plan_run(plan, &ra);
+            CHECK(st == SDPA_STATUS_OK, "plan layer 1: %s", sdpa_last_error_message());
+            CHECK(memcmp(pout, vout, sizeof pout) == 0, "plan layer 1: not varlen's output");
+            CHECK(memcmp(plse, vlse, sizeof plse) == 0, "plan layer 1: not varlen's lse");
+
+            st = sdpa_f32_to_f16(vk, hk, NKV_ELEMS);
+            CHECK(st == SDPA_STATUS_OK, "f32 to f16: %s", sdpa_last_error_message());
+            st = sdpa_f32_to_f16(vv, hv, NKV_ELEMS);
+            CHECK(st == SDPA_STATUS_OK, "f32 to f16: %s", sdpa_last_error_message());
+            st = sdpa_f16_to_f32(hk, back, NKV_ELEMS);
+            CHECK(st == SDPA_STATUS_OK, "f16 to f32: %s", sdpa_last_error_message());
+            for (size_t i = 0; i < NKV_ELEMS; i++)
+                bad += hk[i] != f32_to_f16(vk[i]) || back[i] != f16_to_f32(hk[i]);
+            st = sdpa_f32_to_bf16(vq, hq, TQ * H * D);
+            CHECK(st == SDPA_STATUS_OK, "f32 to bf16: %s", sdpa_last_error_message());
+            for (size_t i = 0; i < TQ * H * D; i++) bad += hq[i] != f32_to_bf16(vq[i]);
+            st = sdpa_bf16_to_f32(hq, qback, TQ * H * D);
+            CHECK(st == SDPA_STATUS_OK, "bf16 to f32: %s", sdpa_last_error_message());
+            for (size_t i = 0; i < TQ * H * D; i++) bad += qback[i] != bf16_to_f32(hq[i]);
+            CHECK(bad == 0, "conversions: %zu values differ from this file's", bad);
+            CHECK(sdpa_f32_to_f16(NULL, hk, 1) == SDPA_STATUS_NULL_POINTER, "NULL src");
+            CHECK(sdpa_f16_to_f32(NULL, NULL, 0) == SDPA_STATUS_OK, "NULL with n = 0");
+
+            ra.kv_dtype = SDPA_DTYPE_F16;
+            ra.k.data = hk;
+            ra.v.data = hv;
+            st = sdpa_plan_run(plan, &ra);
+            CHECK(st == SDPA_STATUS_OK, "plan layer 2: %s", sdpa_last_error_message());
+            va.cu_seqlens_q = cu_q;
+            va.kv_dtype = SDPA_DTYPE_F16;
+            va.k.data = hk;
+            va.v.data = hv;
+            va.out.data = rout;
+            va.lse = rlse;
+            st = sdpa_attention_varlen(&va, &vo);
+            CHECK(st == SDPA_STATUS_OK, "varlen f16: %s", sdpa_last_error_message());
+            CHECK(memcmp(pout, rout, sizeof pout) == 0, "plan layer 2: not varlen's output");
+            CHECK(memcmp(plse, rlse, sizeof plse) == 0, "plan layer 2: not varlen's lse");
+
+            /* A layer of the wrong rows is a typed error. */
+            ra.q.dims[1] = TQ - 1;
+            st = sdpa_plan_run(plan, &ra);
+            CHECK(st == SDPA_STATUS_SHAPE_MISMATCH, "plan bad Q: %s", sdpa_status_name(st));
+            sdpa_plan_free(plan);
+            sdpa_plan_free(NULL);
         }
     }
 
