@@ -473,6 +473,14 @@ typedef struct sdpa_append_args {
   struct sdpa_tensor_mut k_scales;
   // Per-(token, kv head) value scales, as `k_scales`.
   struct sdpa_tensor_mut v_scales;
+  // Nonzero: `k_scales` and `v_scales` are the caller's, read and not written (the Rust
+  // `sdpa::append_scaled`): views that broadcast against the caches' dims, as
+  // `sdpa_options.k_scales` reads them (per tensor `[1, 1, 1, 1]`, per (kv head, channel)
+  // `[1, 1, kv_heads, d]`, …), finite with `|scale| ≤ FLT_MAX / 128` where the rows read
+  // them; each value is stored as `round(x / scale)` (ties to even) saturated to ±127 (a
+  // scale of 0 stores 0). Only with an `SDPA_DTYPE_I8` cache (`SDPA_STATUS_KV_SCALES`
+  // otherwise). A struct of the first version (its `size` ends before this field) has 0.
+  uint32_t scales_given;
 } sdpa_append_args;
 
 // What every layer of a serving step shares, for `sdpa_plan_new`: the packed query rows, the
@@ -647,9 +655,10 @@ enum sdpa_status sdpa_rope_apply(uint32_t dtype,
 // Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
 // cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
 // `rope` unless NULL: vLLM's `reshape_and_cache`, FlashAttention-2's `k=`/`v=` of
-// `flash_attn_with_kvcache`. Slots out of range or written twice, shapes, missing or extra
-// scales and values an `int8_t` cache cannot hold are errors, checked before anything is
-// written.
+// `flash_attn_with_kvcache`; with `scales_given`, `int8_t` rows with the caller's scales
+// (per tensor, per channel: vLLM's static `k_scale`/`v_scale`), saturating. Slots out of
+// range or written twice, shapes, missing or extra scales and values an `int8_t` cache cannot
+// hold are errors, checked before anything is written.
 //
 // # Safety
 // `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
@@ -705,6 +714,24 @@ enum sdpa_status sdpa_plan_run(struct sdpa_plan *plan, const struct sdpa_plan_ru
 // `plan` is NULL or came from `sdpa_plan_new` and is not freed yet, and no call uses it
 // meanwhile; it must not be used afterwards.
 void sdpa_plan_free(struct sdpa_plan *plan);
+
+// Where a step's new rows go (the Rust `sdpa::Plan::new_rows`): for query row `r` of
+// sequence `b` (packed row `cu_seqlens_q[b] + r`), its key position after the sequence's
+// cached keys (`kv_len(b) − n_q(b) + r`, with `kv_lens_before`: `kv_lens[b] + r`) into
+// `positions`, for `sdpa_rope_apply`, and its slot in the plan's K/V layout into `slots`, for
+// `sdpa_append` (paged: `page · page_size + position % page_size`, the page from the block
+// table; packed: row `cu_seqlens_k[b] + position`): FlashAttention-2's
+// `flash_attn_with_kvcache(k=, v=)` addressing. `n` must be the step's `total_q`; a
+// sequence whose `kv_lens` leave out its new rows is `SDPA_STATUS_INVALID_VALUE`. Nothing is
+// written on error.
+//
+// # Safety
+// `plan` came from `sdpa_plan_new` and is not freed; `slots` and `positions` are valid for
+// writes of `n` elements each (NULL only when `n` is 0) and do not overlap.
+enum sdpa_status sdpa_plan_new_rows(const struct sdpa_plan *plan,
+                                    size_t *slots,
+                                    uint32_t *positions,
+                                    size_t n);
 
 // Rounds `n` floats at `src` to IEEE binary16 bit patterns at `dst`: round to nearest, ties
 // to even (the conversion sdpa's kernels use), ±∞ beyond ±65504, NaN stays NaN. `src` and

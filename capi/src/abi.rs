@@ -485,7 +485,18 @@ pub struct SdpaAppendArgs {
     pub k_scales: SdpaTensorMut,
     /// Per-(token, kv head) value scales, as `k_scales`.
     pub v_scales: SdpaTensorMut,
+    /// Nonzero: `k_scales` and `v_scales` are the caller's, read and not written (the Rust
+    /// `sdpa::append_scaled`): views that broadcast against the caches' dims, as
+    /// `sdpa_options.k_scales` reads them (per tensor `[1, 1, 1, 1]`, per (kv head, channel)
+    /// `[1, 1, kv_heads, d]`, …), finite with `|scale| ≤ FLT_MAX / 128` where the rows read
+    /// them; each value is stored as `round(x / scale)` (ties to even) saturated to ±127 (a
+    /// scale of 0 stores 0). Only with an `SDPA_DTYPE_I8` cache (`SDPA_STATUS_KV_SCALES`
+    /// otherwise). A struct of the first version (its `size` ends before this field) has 0.
+    pub scales_given: u32,
 }
+
+/// `sizeof(sdpa_append_args)` of the first version (no `scales_given`).
+pub(crate) const APPEND_V1_SIZE: usize = std::mem::offset_of!(SdpaAppendArgs, scales_given);
 
 /// What every layer of a serving step shares, for `sdpa_plan_new`: the packed query rows, the
 /// K/V layout (`kv_layout`, as in `sdpa_varlen_args`), the heads and head sizes. With the

@@ -48,7 +48,7 @@ use call::{alibi_entry, attention_entry, merge_entry, paged_entry, varlen_entry}
 use convert::{from_f32, to_f32};
 use dispatch::Call;
 pub use plan::SdpaPlan;
-use plan::{plan_free_entry, plan_new_entry, plan_run_entry};
+use plan::{plan_free_entry, plan_new_entry, plan_new_rows_entry, plan_run_entry};
 use sdpa::half::{bf16, f16};
 use serving::{append_entry, rope_entry};
 use status::{guard, status_name};
@@ -170,9 +170,10 @@ pub unsafe extern "C" fn sdpa_rope_apply(
 /// Writes a step's new K/V rows into their cache slots (`sdpa_append_args`), converted to the
 /// cache's type (`int8_t` rows with their per-(token, kv head) scales), K rotated first by
 /// `rope` unless NULL: vLLM's `reshape_and_cache`, FlashAttention-2's `k=`/`v=` of
-/// `flash_attn_with_kvcache`. Slots out of range or written twice, shapes, missing or extra
-/// scales and values an `int8_t` cache cannot hold are errors, checked before anything is
-/// written.
+/// `flash_attn_with_kvcache`; with `scales_given`, `int8_t` rows with the caller's scales
+/// (per tensor, per channel: vLLM's static `k_scale`/`v_scale`), saturating. Slots out of
+/// range or written twice, shapes, missing or extra scales and values an `int8_t` cache cannot
+/// hold are errors, checked before anything is written.
 ///
 /// # Safety
 /// `args` (and `rope` unless NULL) point to structs whose `size` is set; every pointer is
@@ -251,6 +252,30 @@ pub unsafe extern "C" fn sdpa_plan_run(
 pub unsafe extern "C" fn sdpa_plan_free(plan: *mut SdpaPlan) {
     // SAFETY: the caller's contract.
     let _ = guard(|| unsafe { plan_free_entry(plan) });
+}
+
+/// Where a step's new rows go (the Rust `sdpa::Plan::new_rows`): for query row `r` of
+/// sequence `b` (packed row `cu_seqlens_q[b] + r`), its key position after the sequence's
+/// cached keys (`kv_len(b) − n_q(b) + r`, with `kv_lens_before`: `kv_lens[b] + r`) into
+/// `positions`, for `sdpa_rope_apply`, and its slot in the plan's K/V layout into `slots`, for
+/// `sdpa_append` (paged: `page · page_size + position % page_size`, the page from the block
+/// table; packed: row `cu_seqlens_k[b] + position`): FlashAttention-2's
+/// `flash_attn_with_kvcache(k=, v=)` addressing. `n` must be the step's `total_q`; a
+/// sequence whose `kv_lens` leave out its new rows is `SDPA_STATUS_INVALID_VALUE`. Nothing is
+/// written on error.
+///
+/// # Safety
+/// `plan` came from `sdpa_plan_new` and is not freed; `slots` and `positions` are valid for
+/// writes of `n` elements each (NULL only when `n` is 0) and do not overlap.
+#[no_mangle]
+pub unsafe extern "C" fn sdpa_plan_new_rows(
+    plan: *const SdpaPlan,
+    slots: *mut usize,
+    positions: *mut u32,
+    n: usize,
+) -> SdpaStatus {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { plan_new_rows_entry(plan, slots, positions, n) })
 }
 
 /// Rounds `n` floats at `src` to IEEE binary16 bit patterns at `dst`: round to nearest, ties

@@ -17,7 +17,7 @@ use crate::dispatch::{any_input, any_kv, any_output, run_any, Kernel};
 use crate::options::{copy_array, kv_scales, read_options, OwnedOptions};
 use crate::status::Failure;
 use crate::threads::in_pool;
-use crate::validate::{dtype, input_array, offsets, output_array, read_versioned};
+use crate::validate::{dtype, input_array, offsets, output_array, read_versioned, Span};
 
 /// A serving step's attention plan (opaque): made by `sdpa_plan_new`, run once per layer by
 /// `sdpa_plan_run`, freed by `sdpa_plan_free`.
@@ -207,6 +207,33 @@ pub(crate) unsafe fn plan_run_entry(
     let plan = unsafe { &mut (*plan).plan };
     let mut kernel = PlanLayer { plan, layer };
     in_pool(move || run_any(&mut kernel, &q, &kv, &mut out, lse))??;
+    Ok(())
+}
+
+/// # Safety
+/// As `sdpa_plan_new_rows`.
+pub(crate) unsafe fn plan_new_rows_entry(
+    plan: *const SdpaPlan,
+    slots: *mut usize,
+    positions: *mut u32,
+    n: usize,
+) -> Result<(), Failure> {
+    if plan.is_null() {
+        return Err(Failure::new(
+            SdpaStatus::NullPointer,
+            "plan: pointer is NULL",
+        ));
+    }
+    // SAFETY: the caller's contract, forwarded (`slots` is checked against nothing read, then
+    // `positions` against `slots`).
+    let slots = unsafe { output_array(slots, n, &[], "slots") }?;
+    let reads: Vec<Span> = slots.iter().map(|s| Span::of(s)).collect();
+    // SAFETY: as above.
+    let positions = unsafe { output_array(positions, n, &reads, "positions") }?;
+    // SAFETY: `plan` is not NULL (checked) and, by the caller's contract, came from
+    // `sdpa_plan_new`, is not freed and no call changes it meanwhile.
+    let plan = unsafe { &(*plan).plan };
+    plan.new_rows(slots.unwrap_or_default(), positions.unwrap_or_default())?;
     Ok(())
 }
 

@@ -2,10 +2,11 @@
 //! rows written into a cache ([`append_entry`]), through the Rust `Rope` and `append`.
 
 use sdpa::half::{bf16, f16};
-use sdpa::{append, Element, KvElement, Operand, Rope, RopeStyle, Tensor};
+use sdpa::{append, append_scaled, Element, KvElement, Operand, Rope, RopeStyle, Tensor};
 
 use crate::abi::{
-    SdpaAppendArgs, SdpaRope, SdpaStatus, SdpaTensorMut, SDPA_ROPE_HALVES, SDPA_ROPE_INTERLEAVED,
+    SdpaAppendArgs, SdpaRope, SdpaStatus, SdpaTensor, SdpaTensorMut, APPEND_V1_SIZE,
+    SDPA_ROPE_HALVES, SDPA_ROPE_INTERLEAVED,
 };
 use crate::status::Failure;
 use crate::validate::{dtype, input, input_array, output, read_versioned, required_array};
@@ -103,7 +104,7 @@ pub(crate) unsafe fn append_entry(
     rope: *const SdpaRope,
 ) -> Result<(), Failure> {
     // SAFETY (all blocks): the caller's contract, forwarded.
-    let a = unsafe { read_versioned(args, &[], "append args") }?.0;
+    let a = unsafe { read_versioned(args, &[APPEND_V1_SIZE], "append args") }?.0;
     let mut spans = Vec::new();
     let rope = match rope.is_null() {
         true => None,
@@ -144,8 +145,38 @@ unsafe fn with_rows<S: Element>(
         Dtype::F32 => unsafe { into_cache::<S, f32>(a, rows, slots, rope, spans) },
         Dtype::F16 => unsafe { into_cache::<S, f16>(a, rows, slots, rope, spans) },
         Dtype::Bf16 => unsafe { into_cache::<S, bf16>(a, rows, slots, rope, spans) },
+        Dtype::I8 if a.scales_given != 0 => unsafe { into_scaled(a, rows, slots, rope, spans) },
         Dtype::I8 => unsafe { into_cache::<S, i8>(a, rows, slots, rope, spans) },
     }
+}
+
+/// [`append_entry`] with rows of `S` into `i8` caches with the caller's scales (read).
+///
+/// # Safety
+/// As [`append_entry`], with the declared types.
+unsafe fn into_scaled<S: Element>(
+    a: &SdpaAppendArgs,
+    (k, v): (Tensor<'_, S>, Tensor<'_, S>),
+    slots: &[usize],
+    rope: Option<&RopeAt<'_>>,
+    mut spans: Vec<Span>,
+) -> Result<(), Failure> {
+    let read_only = |t: &SdpaTensorMut| SdpaTensor {
+        data: t.data.cast_const(),
+        dims: t.dims,
+        strides: t.strides,
+    };
+    // SAFETY (all blocks): forwarded; the scales are only read.
+    let (ks, span) = unsafe { input::<f32>(&read_only(&a.k_scales), Operand::KeyScales) }?;
+    spans.push(span);
+    let (vs, span) = unsafe { input::<f32>(&read_only(&a.v_scales), Operand::ValueScales) }?;
+    spans.push(span);
+    let (mut k_cache, span) = unsafe { output::<i8>(&a.k_cache, &spans) }?;
+    spans.push(span);
+    let (mut v_cache, _) = unsafe { output::<i8>(&a.v_cache, &spans) }?;
+    let rope = rope.map(|r| (&r.rope, r.positions));
+    append_scaled(&k, &v, &mut k_cache, &mut v_cache, slots, &ks, &vs, rope)?;
+    Ok(())
 }
 
 /// [`append_entry`] with rows of `S` into caches of `T`: the caches and scales are checked
@@ -165,6 +196,10 @@ unsafe fn into_cache<S: Element, T: KvElement>(
     spans.push(span);
     let (mut v_cache, span) = unsafe { output::<T>(&a.v_cache, &spans) }?;
     spans.push(span);
+    if a.scales_given != 0 {
+        // Given scales are for `i8` caches only (handled before).
+        return Err(sdpa::Error::KvScales { kv_type: T::NAME }.into());
+    }
     let mut scales = if a.k_scales.data.is_null() && a.v_scales.data.is_null() {
         None
     } else {

@@ -38,6 +38,15 @@ pub(crate) struct Span {
 }
 
 impl Span {
+    /// The bytes of `s`.
+    pub(crate) fn of<T>(s: &[T]) -> Span {
+        let start = s.as_ptr() as usize;
+        Span {
+            start,
+            end: start + std::mem::size_of_val(s),
+        }
+    }
+
     fn overlaps(self, other: Span) -> bool {
         self.start < other.end && other.start < self.end
     }

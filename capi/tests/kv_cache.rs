@@ -781,6 +781,7 @@ fn append_and_rope_match_the_rust_api() {
         slots_len: slots.len(),
         k_scales: tensor_mut::<f32>(&mut [], [0; 4]),
         v_scales: tensor_mut::<f32>(&mut [], [0; 4]),
+        scales_given: 0,
     };
     let mut a = args(&mut kc, &mut vc);
     a.k_scales.data = ptr::null_mut();
@@ -826,6 +827,7 @@ fn append_and_rope_match_the_rust_api() {
         slots_len: slots.len(),
         k_scales: tensor_mut(&mut ks, scale_dims),
         v_scales: tensor_mut(&mut vs, scale_dims),
+        scales_given: 0,
     };
     // SAFETY: as above.
     assert_eq!(
