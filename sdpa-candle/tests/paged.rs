@@ -129,6 +129,18 @@ struct Extras {
     sinks: bool,
 }
 
+/// A sequence of the schedule.
+struct Seq<T> {
+    id: SeqId,
+    prompt: usize,
+    /// Tokens when it finishes.
+    total: usize,
+    /// Tokens in the cache.
+    len: usize,
+    /// The test's dense caches, one per layer.
+    dense: Vec<Dense<T>>,
+}
+
 /// Runs the schedule with a cache of `T` (`kv_type`) fed rows and queries of type `S`.
 fn run<T: KvElement + Default, S: Element + WithDType>(
     kv_type: KvType,
@@ -148,26 +160,31 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
     }
     // (arrival step, prompt, total): 0 finishes after step 4 and gives its pages to 3.
     let schedule = [(0, 9, 11), (0, 3, 10), (1, 14, 19), (5, 5, 8)];
-    // (id, prompt, total, len, dense caches per layer)
-    let mut seqs: Vec<(SeqId, usize, usize, usize, Vec<Dense<T>>)> = Vec::new();
+    let mut seqs: Vec<Seq<T>> = Vec::new();
     let mut freed_pages: Vec<u32> = Vec::new();
     for step in 0..8 {
         for &(arrival, prompt, total) in &schedule {
             if arrival == step {
                 let dense = (0..LAYERS).map(|_| Dense::new()).collect();
-                seqs.push((cache.add_sequence(), prompt, total, 0, dense));
+                seqs.push(Seq {
+                    id: cache.add_sequence(),
+                    prompt,
+                    total,
+                    len: 0,
+                    dense,
+                });
             }
         }
         // Rows: a prompt chunk or one decode row; sequence 1 sits step 2 out.
         let batch: Vec<(SeqId, usize)> = seqs
             .iter()
             .enumerate()
-            .map(|(i, &(id, prompt, _, len, _))| {
-                let n = match len < prompt {
-                    true => (prompt - len).min(CHUNK),
+            .map(|(i, s)| {
+                let n = match s.len < s.prompt {
+                    true => (s.prompt - s.len).min(CHUNK),
                     false => 1,
                 };
-                (id, if i == 1 && step == 2 { 0 } else { n })
+                (s.id, if i == 1 && step == 2 { 0 } else { n })
             })
             .collect();
         let total: usize = batch.iter().map(|b| b.1).sum();
@@ -177,7 +194,7 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
         let positions: Vec<u32> = seqs
             .iter()
             .zip(&batch)
-            .flat_map(|(s, &(_, n))| (s.3..s.3 + n).map(|t| t as u32))
+            .flat_map(|(s, &(_, n))| (s.len..s.len + n).map(|t| t as u32))
             .collect();
         assert_eq!(st.positions(), &positions[..], "step {step}");
         for layer in 0..LAYERS {
@@ -226,13 +243,13 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
             let out = f32s(&out)?;
             for (b, s) in seqs.iter_mut().enumerate() {
                 let (r0, n) = (cu[b], cu[b + 1] - cu[b]);
-                let dense = &mut s.4[layer];
+                let dense = &mut s.dense[layer];
                 let rows = r0 * ROW..(r0 + n) * ROW;
-                dense.append(&k_data[rows.clone()], &v_data[rows], s.3, rope.as_ref());
+                dense.append(&k_data[rows.clone()], &v_data[rows], s.len, rope.as_ref());
                 if n == 0 {
                     continue;
                 }
-                let len = s.3 + n;
+                let len = s.len + n;
                 let qs =
                     sdpa::Tensor::bshd(&q_data[r0 * H * D..][..n * H * D], [1, n, H, D]).unwrap();
                 let kd = sdpa::Tensor::bshd(&dense.k[..len * ROW], [1, len, H_KV, D]).unwrap();
@@ -278,18 +295,18 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
         // Pages: the step took what its sequences' new tokens needed.
         let held: usize = seqs
             .iter()
-            .map(|s| cache.block_table(s.0).unwrap().len())
+            .map(|s| cache.block_table(s.id).unwrap().len())
             .sum();
         assert_eq!(cache.free_pages() + held, PAGES);
         assert!(cache.free_pages() <= free_before);
         for (s, &(_, n)) in seqs.iter_mut().zip(&batch) {
-            s.3 += n;
-            assert_eq!(cache.seq_len(s.0)?, s.3);
-            assert_eq!(cache.block_table(s.0)?.len(), s.3.div_ceil(PAGE));
+            s.len += n;
+            assert_eq!(cache.seq_len(s.id)?, s.len);
+            assert_eq!(cache.block_table(s.id)?.len(), s.len.div_ceil(PAGE));
             for layer in 0..LAYERS {
-                let (k, v) = cache.sequence_kv(layer, s.0)?;
-                assert_eq!(k.dims(), &[1, s.3, H_KV, D]);
-                let (want_k, want_v) = s.4[layer].values(s.3);
+                let (k, v) = cache.sequence_kv(layer, s.id)?;
+                assert_eq!(k.dims(), &[1, s.len, H_KV, D]);
+                let (want_k, want_v) = s.dense[layer].values(s.len);
                 assert_eq!(f32s(&k)?, want_k, "step {step} layer {layer}: cached K");
                 assert_eq!(f32s(&v)?, want_v, "step {step} layer {layer}: cached V");
             }
@@ -297,11 +314,11 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
         // Finished sequences give their pages back; a later one takes them.
         let mut i = 0;
         while i < seqs.len() {
-            if seqs[i].3 < seqs[i].2 {
+            if seqs[i].len < seqs[i].total {
                 i += 1;
                 continue;
             }
-            let (id, ..) = seqs.remove(i);
+            let id = seqs.remove(i).id;
             freed_pages = cache.block_table(id)?.to_vec();
             let free = cache.free_pages();
             cache.free_sequence(id)?;
@@ -310,7 +327,7 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
         }
         if step == 5 {
             // Sequence 3 arrived at step 5 after sequence 0 was freed: its pages are 0's.
-            let id = seqs.last().unwrap().0;
+            let id = seqs.last().unwrap().id;
             let pages = cache.block_table(id)?;
             assert_eq!(
                 pages,
@@ -346,4 +363,280 @@ fn softcap_window_and_sinks_pass_through() -> Result<()> {
     };
     run::<f32, f32>(KvType::F32, extras, 7)?;
     run::<i8, bf16>(KvType::I8, extras, 8)
+}
+
+/// `r` is an error whose message contains `what`.
+fn fails<T: std::fmt::Debug>(r: Result<T>, what: &str) {
+    match r {
+        Ok(x) => panic!("expected an error with {what:?}, got {x:?}"),
+        Err(e) => assert!(e.to_string().contains(what), "{e} lacks {what:?}"),
+    }
+}
+
+fn zeros(dims: &[usize], dtype: DType) -> Result<Tensor> {
+    Tensor::zeros(dims, dtype, &Device::Cpu)
+}
+
+#[test]
+fn bad_configs_are_errors() {
+    let c = config(KvType::F32);
+    fails(
+        PagedKvCache::new(PagedKvConfig { page_size: 0, ..c }),
+        "page_size must be positive",
+    );
+    fails(
+        PagedKvCache::new(PagedKvConfig { layers: 0, ..c }),
+        "layers must be positive",
+    );
+    fails(
+        PagedKvCache::new(PagedKvConfig { heads: 3, ..c }),
+        "multiple of kv heads",
+    );
+    let huge = PagedKvConfig {
+        pages: 1 << 20,
+        page_size: 1 << 20,
+        d_k: 1 << 30,
+        ..c
+    };
+    fails(PagedKvCache::new(huge), "overflow");
+    #[cfg(target_pointer_width = "64")]
+    fails(
+        PagedKvCache::new(PagedKvConfig {
+            pages: (1 << 32) + 1,
+            ..c
+        }),
+        "2^32 pages",
+    );
+}
+
+#[test]
+fn unknown_and_repeated_sequences_are_errors() -> Result<()> {
+    let mut cache = PagedKvCache::new(config(KvType::F16))?;
+    let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    cache.free_sequence(a)?;
+    assert_eq!(cache.sequences(), 1);
+    let causal = Attention::new().causal(Alignment::BottomRight);
+    fails(
+        cache.begin_step(&[(b, 1), (a, 1)], causal, None),
+        "not in the cache",
+    );
+    fails(cache.begin_step(&[(b, 1), (b, 2)], causal, None), "twice");
+    fails(cache.free_sequence(a), "not in the cache");
+    fails(cache.seq_len(a), "not in the cache");
+    fails(cache.block_table(a), "not in the cache");
+    fails(cache.sequence_kv(0, a), "not in the cache");
+    fails(
+        cache.sequence_kv(LAYERS, b),
+        "layer 2 of a cache of 2 layers",
+    );
+    // Nothing was taken.
+    assert_eq!((cache.free_pages(), cache.seq_len(b)?), (PAGES, 0));
+    assert!(cache.block_table(b)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn running_out_of_pages_changes_nothing() -> Result<()> {
+    let mut cache = PagedKvCache::new(PagedKvConfig {
+        pages: 4,
+        ..config(KvType::I8)
+    })?;
+    let (a, b) = (cache.add_sequence(), cache.add_sequence());
+    let causal = Attention::new().causal(Alignment::BottomRight);
+    // 4 pages of 4 tokens: 9 + 8 tokens need 5.
+    fails(
+        cache.begin_step(&[(a, 9), (b, 8)], causal, None),
+        "out of pages: the step needs 5 new pages, 4 are free",
+    );
+    assert_eq!((cache.free_pages(), cache.seq_len(a)?), (4, 0));
+    assert!(cache.block_table(a)?.is_empty());
+    // 8 + 8 fit exactly.
+    let mut step = cache.begin_step(&[(a, 8), (b, 8)], causal, None)?;
+    for layer in 0..LAYERS {
+        let kv = Tensor::ones((16, H_KV, D), DType::F32, &Device::Cpu)?;
+        step.append(layer, &kv, &kv)?;
+    }
+    step.finish()?;
+    assert_eq!(cache.free_pages(), 0);
+    assert_eq!(
+        (cache.block_table(a)?, cache.block_table(b)?),
+        (&[0, 1][..], &[2, 3][..])
+    );
+    fails(
+        cache.begin_step(&[(a, 1)], causal, None),
+        "needs 1 new pages, 0 are free",
+    );
+    assert_eq!((cache.seq_len(a)?, cache.block_table(a)?.len()), (8, 2));
+    // b's pages go back; a takes the first of them.
+    cache.free_sequence(b)?;
+    let mut step = cache.begin_step(&[(a, 1)], causal, None)?;
+    for layer in 0..LAYERS {
+        let kv = Tensor::ones((1, H_KV, D), DType::F32, &Device::Cpu)?;
+        step.append(layer, &kv, &kv)?;
+    }
+    step.finish()?;
+    assert_eq!(cache.block_table(a)?, &[0, 1, 2]);
+    assert_eq!(cache.free_pages(), 1);
+    Ok(())
+}
+
+#[test]
+fn bad_rows_and_queries_are_errors_and_write_nothing() -> Result<()> {
+    let mut cache = PagedKvCache::new(config(KvType::I8))?;
+    let a = cache.add_sequence();
+    let causal = Attention::new().causal(Alignment::BottomRight);
+    let mut step = cache.begin_step(&[(a, 3)], causal, None)?;
+    let f32_ = DType::F32;
+    let kv = zeros(&[3, H_KV, D], f32_)?;
+    fails(
+        step.append(LAYERS, &kv, &kv),
+        "layer 2 of a cache of 2 layers",
+    );
+    fails(
+        step.attention(0, &zeros(&[1, 3, H, D], f32_)?, None),
+        "append this step's K and V before attention",
+    );
+    fails(
+        step.append(0, &zeros(&[2, H_KV, D], f32_)?, &kv),
+        "k must be [3, 2, 8] (rows, kv heads, d_k), got [2, 2, 8]",
+    );
+    fails(
+        step.append(0, &kv, &zeros(&[1, 4, H_KV, D], f32_)?),
+        "got [1, 4, 2, 8]",
+    );
+    fails(
+        step.append(0, &zeros(&[3, H_KV * D], f32_)?, &kv),
+        "k must be [rows, heads, dim]",
+    );
+    fails(
+        step.append(0, &zeros(&[2, 3, H_KV, D], f32_)?, &kv),
+        "k must be [rows, heads, dim]",
+    );
+    fails(
+        step.append(0, &zeros(&[3, 1, D], f32_)?, &kv),
+        "k must be [3, 2, 8] (rows, kv heads, d_k), got [3, 1, 8]",
+    );
+    fails(
+        step.append(0, &kv, &zeros(&[1, 3, H_KV, 4], f32_)?),
+        "v must be [3, 2, 8] (rows, kv heads, d_v), got [1, 3, 2, 4]",
+    );
+    fails(
+        step.append(0, &kv, &zeros(&[3, H_KV, D], DType::F16)?),
+        "one dtype",
+    );
+    fails(
+        step.append(
+            0,
+            &zeros(&[3, H_KV, D], DType::U32)?,
+            &zeros(&[3, H_KV, D], DType::U32)?,
+        ),
+        "f32, f16 and bf16",
+    );
+    // An i8 cache cannot hold NaN: an error, nothing written, the layer still to append.
+    let nan = Tensor::full(f32::NAN, (3, H_KV, D), &Device::Cpu)?;
+    fails(step.append(0, &nan, &kv), "cannot be stored in an i8 cache");
+    let ones = Tensor::ones((3, H_KV, D), f32_, &Device::Cpu)?;
+    step.append(0, &ones, &ones)?;
+    fails(step.append(0, &ones, &ones), "layer 0 was already appended");
+    fails(
+        step.attention(0, &zeros(&[1, 3, H + 1, D], f32_)?, None),
+        "query tensor: heads dimension is 5, expected 4",
+    );
+    fails(
+        step.attention(0, &zeros(&[1, 2, H, D], f32_)?, None),
+        "query tensor: seq dimension is 2, expected 3",
+    );
+    fails(
+        step.attention(0, &zeros(&[1, 3, H, D], DType::U8)?, None),
+        "f32, f16 and bf16",
+    );
+    let bad_sinks = Tensor::zeros(H + 1, f32_, &Device::Cpu)?;
+    fails(
+        step.attention(0, &zeros(&[1, 3, H, D], f32_)?, Some(&bad_sinks)),
+        "sinks",
+    );
+    fails(step.rotate(&zeros(&[1, 3, H, D], f32_)?), "no rope");
+    // Every value 1: each output is 1, whatever the weights; rank 3 in, rank 3 out.
+    let out = step.attention(
+        0,
+        &Tensor::ones((3, H, D), DType::BF16, &Device::Cpu)?,
+        None,
+    )?;
+    assert_eq!((out.dims(), out.dtype()), (&[3, H, D][..], DType::BF16));
+    assert!(f32s(&out)?.iter().all(|&x| x == 1.0));
+    // Layer 1 never appended: finishing fails and rolls the step back.
+    fails(step.finish(), "layer 1 was not appended");
+    assert_eq!((cache.seq_len(a)?, cache.free_pages()), (0, PAGES));
+    Ok(())
+}
+
+#[test]
+fn bad_options_and_ropes_fail_at_begin_step() -> Result<()> {
+    let mut cache = PagedKvCache::new(config(KvType::F32))?;
+    let a = cache.add_sequence();
+    let causal = Attention::new().causal(Alignment::BottomRight);
+    let odd = Rope::new(RopeStyle::Halves, 7, 10_000.0);
+    fails(
+        cache.begin_step(&[(a, 5)], causal, Some(odd)),
+        "rotary dimension",
+    );
+    let wide = Rope::new(RopeStyle::Halves, 2 * D, 10_000.0);
+    fails(
+        cache.begin_step(&[(a, 5)], causal, Some(wide)),
+        "rotary dimension",
+    );
+    // Tables for 4 positions; the step's reach 0 .. 5.
+    let table = vec![1.0f32; 4 * D / 2];
+    let short = Rope::with_tables(RopeStyle::Halves, D, &table, &table);
+    fails(
+        cache.begin_step(&[(a, 5)], causal, Some(short)),
+        "past the rows",
+    );
+    fails(
+        cache.begin_step(&[(a, 5)], causal.softcap(-1.0), None),
+        "softcap",
+    );
+    let mixed = causal.sliding_window(2, 0, Alignment::TopLeft);
+    fails(cache.begin_step(&[(a, 5)], mixed, None), "same alignment");
+    assert_eq!((cache.seq_len(a)?, cache.free_pages()), (0, PAGES));
+    // A step dropped with a layer missing is rolled back too; one with every layer commits.
+    let mut step = cache.begin_step(&[(a, 5)], causal, None)?;
+    step.append(
+        0,
+        &zeros(&[5, H_KV, D], DType::F32)?,
+        &zeros(&[5, H_KV, D], DType::F32)?,
+    )?;
+    drop(step);
+    assert_eq!((cache.seq_len(a)?, cache.free_pages()), (0, PAGES));
+    assert!(cache.block_table(a)?.is_empty());
+    let mut step = cache.begin_step(&[(a, 5)], causal, None)?;
+    for layer in 0..LAYERS {
+        step.append(
+            layer,
+            &zeros(&[5, H_KV, D], DType::F32)?,
+            &zeros(&[5, H_KV, D], DType::F32)?,
+        )?;
+    }
+    drop(step);
+    assert_eq!((cache.seq_len(a)?, cache.free_pages()), (5, PAGES - 2));
+    Ok(())
+}
+
+#[test]
+fn an_empty_step_is_fine() -> Result<()> {
+    let mut cache = PagedKvCache::new(config(KvType::BF16))?;
+    let a = cache.add_sequence();
+    let causal = Attention::new().causal(Alignment::BottomRight);
+    for batch in [&[][..], &[(a, 0)][..]] {
+        let mut step = cache.begin_step(batch, causal, None)?;
+        for layer in 0..LAYERS {
+            let kv = zeros(&[0, H_KV, D], DType::F32)?;
+            step.append(layer, &kv, &kv)?;
+            let out = step.attention(layer, &zeros(&[1, 0, H, D], DType::F32)?, None)?;
+            assert_eq!(out.dims(), &[1, 0, H, D]);
+        }
+        step.finish()?;
+    }
+    assert_eq!((cache.seq_len(a)?, cache.free_pages()), (0, PAGES));
+    Ok(())
 }

@@ -145,19 +145,23 @@ impl PagedStep<'_> {
     /// error.
     ///
     /// # Errors
-    /// A layer out of range or already appended, tensors not on the CPU, other ranks, row
-    /// counts other than the step's, K and V of different or unsupported types, and
-    /// [`sdpa::append`]'s errors (heads, head sizes, values an `i8` cache cannot hold).
+    /// A layer out of range or already appended, tensors not on the CPU, shapes other than
+    /// the step's rows × the cache's kv heads and head sizes, K and V of different or
+    /// unsupported types, and [`sdpa::append`]'s errors (values an `i8` cache cannot hold).
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<()> {
         self.check_layer(layer)?;
         if self.appended[layer] {
             bail!("sdpa-candle: layer {layer} was already appended this step");
         }
-        let total = self.data.slots.len();
-        for (t, name) in [(k, "k"), (v, "v")] {
-            let [n, ..] = rows_dims(t.dims(), name)?;
-            if n != total {
-                bail!("sdpa-candle: {name} has {n} rows, the step has {total} new tokens");
+        let (total, c) = (self.data.slots.len(), self.config);
+        for (t, name, d) in [(k, "k", c.d_k), (v, "v", c.d_v)] {
+            let want = [total, c.kv_heads, d];
+            if rows_dims(t.dims(), name)? != want {
+                let which = if name == "k" { "d_k" } else { "d_v" };
+                bail!(
+                    "sdpa-candle: {name} must be {want:?} (rows, kv heads, {which}), got {:?}",
+                    t.dims()
+                );
             }
         }
         let (ks, kl) = k.storage_and_layout();
