@@ -540,11 +540,11 @@ fn bad_rows_and_queries_are_errors_and_write_nothing() -> Result<()> {
     fails(step.append(0, &ones, &ones), "layer 0 was already appended");
     fails(
         step.attention(0, &zeros(&[1, 3, H + 1, D], f32_)?, None),
-        "query tensor: heads dimension is 5, expected 4",
+        "q must be [3, 4, 8] (rows, heads, d_k), got [1, 3, 5, 8]",
     );
     fails(
         step.attention(0, &zeros(&[1, 2, H, D], f32_)?, None),
-        "query tensor: seq dimension is 2, expected 3",
+        "got [1, 2, 4, 8]",
     );
     fails(
         step.attention(0, &zeros(&[1, 3, H, D], DType::U8)?, None),
@@ -553,7 +553,7 @@ fn bad_rows_and_queries_are_errors_and_write_nothing() -> Result<()> {
     let bad_sinks = Tensor::zeros(H + 1, f32_, &Device::Cpu)?;
     fails(
         step.attention(0, &zeros(&[1, 3, H, D], f32_)?, Some(&bad_sinks)),
-        "sinks",
+        "sinks: length is 5, expected 4",
     );
     fails(step.rotate(&zeros(&[1, 3, H, D], f32_)?), "no rope");
     // Every value 1: each output is 1, whatever the weights; rank 3 in, rank 3 out.

@@ -208,8 +208,9 @@ impl PagedStep<'_> {
     /// Needs the layer's rows appended first.
     ///
     /// # Errors
-    /// A layer out of range or not yet appended this step, `q` not on the CPU, of another rank
-    /// or type, and [`Plan::run`]'s errors (Q's dims, sinks) as candle errors.
+    /// A layer out of range or not yet appended this step, `q` not on the CPU, of another
+    /// shape (the step's rows × the cache's heads and `d_k`) or type, and [`Plan::run`]'s
+    /// errors (sinks) as candle errors.
     pub fn attention(
         &mut self,
         layer: usize,
@@ -224,10 +225,17 @@ impl PagedStep<'_> {
             Some(s) => Some(s.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?),
             None => None,
         };
-        let [n, ..] = rows_dims(q.dims(), "q")?;
+        let c = self.config;
+        let want = [self.data.slots.len(), c.heads, c.d_k];
+        if rows_dims(q.dims(), "q")? != want {
+            bail!(
+                "sdpa-candle: q must be {want:?} (rows, heads, d_k), got {:?}",
+                q.dims()
+            );
+        }
         let out_dims: Vec<usize> = match q.rank() {
-            3 => vec![n, self.config.heads, self.config.d_v],
-            _ => vec![1, n, self.config.heads, self.config.d_v],
+            3 => vec![want[0], c.heads, c.d_v],
+            _ => vec![1, want[0], c.heads, c.d_v],
         };
         let (qs, ql) = q.storage_and_layout();
         let qs = cpu(&qs, "q")?;
