@@ -453,14 +453,18 @@ impl PagedKvCache {
             d.cached.push(s.len);
             d.pages_before.push(s.pages.len());
             d.cu_q.push(total);
-            // Checked above: every position fits in u32.
-            d.positions.extend((s.len..len).map(|t| t as u32));
         }
         if need > self.free.len() {
             bail!(
                 "sdpa-candle: out of pages: the step needs {need} new pages, {} are free",
                 self.free.len()
             );
+        }
+        // The new tokens fit in the free pages, so these arrays fit in memory; every position
+        // fits in u32 (checked above).
+        for (b, &from) in d.cached.iter().enumerate() {
+            let n = d.cu_q[b + 1] - d.cu_q[b];
+            d.positions.extend((from..from + n).map(|t| t as u32));
         }
         if let Some(rope) = &rope {
             // Checks the rotary dim against d_k and the positions against any tables, on a

@@ -448,6 +448,20 @@ fn running_out_of_pages_changes_nothing() -> Result<()> {
         cache.begin_step(&[(a, 9), (b, 8)], causal, None),
         "out of pages: the step needs 5 new pages, 4 are free",
     );
+    // Absurd counts are errors before anything is sized from them.
+    fails(
+        cache.begin_step(&[(a, 1 << 31)], causal, None),
+        "needs 536870912 new pages",
+    );
+    #[cfg(target_pointer_width = "64")]
+    fails(
+        cache.begin_step(&[(a, 1 << 40)], causal, None),
+        "positions past u32::MAX",
+    );
+    fails(
+        cache.begin_step(&[(a, 1), (b, usize::MAX)], causal, None),
+        "overflow usize",
+    );
     assert_eq!((cache.free_pages(), cache.seq_len(a)?), (4, 0));
     assert!(cache.block_table(a)?.is_empty());
     // 8 + 8 fit exactly.
