@@ -66,7 +66,7 @@ use candle_core::{
 use sdpa::Element;
 
 pub use paged::{KvType, PagedKvCache, PagedKvConfig, PagedStep, SeqId};
-pub use sdpa::{amx_available, bf16_products_available, Alignment};
+pub use sdpa::{amx_available, bf16_products_available, Alignment, Rope, RopeStyle};
 
 /// Attention options and the [`CustomOp3`] that computes `softmax(Q·Kᵀ·scale + mask)·V` on
 /// candle CPU tensors `[batch, heads, seq, dim]`.

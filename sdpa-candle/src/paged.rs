@@ -132,8 +132,7 @@ struct StepData {
 ///
 /// ```
 /// use candle_core::{DType, Device, Tensor};
-/// use sdpa_candle::{Alignment, Attention, KvType, PagedKvCache, PagedKvConfig};
-/// use sdpa::{Rope, RopeStyle};
+/// use sdpa_candle::{Alignment, Attention, KvType, PagedKvCache, PagedKvConfig, Rope, RopeStyle};
 ///
 /// let config = PagedKvConfig {
 ///     layers: 2, pages: 16, page_size: 4, heads: 4, kv_heads: 2, d_k: 8, d_v: 8,

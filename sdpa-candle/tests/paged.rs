@@ -282,10 +282,8 @@ fn run<T: KvElement + Default, S: Element + WithDType>(
                             let at = (i * H + h) * D + c;
                             let (got, exp) = (out[r0 * H * D + at], want[at]);
                             let err = (f64::from(got) - f64::from(exp)).abs();
-                            assert!(
-                                err <= bound,
-                                "{what}: seq {b} row {i} head {h} channel {c}: {got} vs {exp} (bound {bound:e})"
-                            );
+                            let at = format!("seq {b} row {i} head {h} channel {c}");
+                            assert!(err <= bound, "{what}: {at}: {got} vs {exp} ({bound:e})");
                         }
                     }
                 }

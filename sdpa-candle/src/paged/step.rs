@@ -86,7 +86,8 @@ fn rows_dims(dims: &[usize], name: &str) -> Result<[usize; 3]> {
     match *dims {
         [n, h, d] | [1, n, h, d] => Ok([n, h, d]),
         _ => bail!(
-            "sdpa-candle: {name} must be [rows, heads, dim] or [1, rows, heads, dim], got shape {dims:?}"
+            "sdpa-candle: {name} must be [rows, heads, dim] or [1, rows, heads, dim], \
+             got shape {dims:?}"
         ),
     }
 }
