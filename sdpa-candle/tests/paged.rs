@@ -652,3 +652,10 @@ fn an_empty_step_is_fine() -> Result<()> {
     assert_eq!((cache.seq_len(a)?, cache.free_pages()), (0, PAGES));
     Ok(())
 }
+
+#[test]
+fn the_cache_can_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<PagedKvCache>();
+    send_sync::<SeqId>();
+}
