@@ -47,8 +47,15 @@
 //!   mask and of its C ABI's byte mask, where `true` / nonzero = visible.
 //!
 //! Rows in which every key is hidden give 0 (not NaN as an unfused softmax would).
+//!
+//! ## Serving many sequences
+//! [`PagedKvCache`] is a paged K/V cache shared by many sequences (vLLM's page pools and block
+//! tables): a model step appends each layer's new K/V rows and runs the layer's packed queries
+//! over the cache, one [`sdpa::Plan`] for the whole step.
 
 #![warn(missing_docs)]
+
+mod paged;
 
 use std::borrow::Cow;
 
@@ -58,7 +65,8 @@ use candle_core::{
 };
 use sdpa::Element;
 
-pub use sdpa::{amx_available, bf16_products_available, Alignment};
+pub use paged::{KvType, PagedKvCache, PagedKvConfig, PagedStep, SeqId};
+pub use sdpa::{amx_available, bf16_products_available, Alignment, Rope, RopeStyle};
 
 /// Attention options and the [`CustomOp3`] that computes `softmax(Q·Kᵀ·scale + mask)·V` on
 /// candle CPU tensors `[batch, heads, seq, dim]`.
