@@ -25,6 +25,8 @@ use crate::problem::{broadcast, Broadcast, MAX_SCALE};
 use crate::rope::{Rope, Rotation};
 use crate::tensor::{offset, Tensor, TensorMut};
 
+use rayon::prelude::*;
+
 /// The per-(token, kv head) scales an `i8` cache's rows are written with: `[dim 0, dim 1,
 /// H_kv, 1]` views for K and V (the caches' first three dims).
 pub type AppendScales<'s, 'a> = (&'s mut TensorMut<'a, f32>, &'s mut TensorMut<'a, f32>);
@@ -64,7 +66,7 @@ pub fn append<S: Element, T: KvElement>(
         scales.as_ref().map(|(a, b)| (a.dims(), b.dims())),
     )?;
     let (k_scaling, v_scaling) = match scales.as_mut() {
-        Some((ks, vs)) => (Scaling::Row(ks), Scaling::Row(vs)),
+        Some((ks, vs)) => (Scaling::Row(Shared::new(ks)), Scaling::Row(Shared::new(vs))),
         None => (Scaling::Plain, Scaling::Plain),
     };
     write(k, v, k_cache, v_cache, slots, [k_scaling, v_scaling], rope)
@@ -137,19 +139,69 @@ fn given_scales<'a>(
 /// per element (given).
 enum Scaling<'s, 'a> {
     Plain,
-    Row(&'s mut TensorMut<'a, f32>),
+    Row(Shared<'s, f32>),
     Given(Broadcast<'a, f32>),
 }
 
+/// Values (`tokens · H_kv · (d_k + d_v)`) below which an append runs on the calling thread:
+/// a decode step's few rows cost less than waking the pool (~2–10 µs per rayon job); a
+/// prompt's thousands of rows are split over it.
+const PARALLEL_MIN_VALUES: usize = 1 << 16;
+
+/// A cache or scale view written by several threads at once, element by element.
+///
+/// Raw because the tokens of one call go to different rayon workers and their slots are
+/// scattered over the view: no safe borrow splits a strided view by slots. It borrows the view
+/// for its whole life.
+struct Shared<'s, T> {
+    data: *mut T,
+    rows: usize,
+    strides: [usize; 4],
+    _view: std::marker::PhantomData<&'s mut [T]>,
+}
+
+// SAFETY: built from a `&mut` borrow that it keeps (`_view`); every element is written by one
+// thread only (the contract of `put`), so sharing it across threads creates no data race.
+unsafe impl<T: Send> Send for Shared<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Shared<'_, T> {}
+
+impl<'s, T> Shared<'s, T> {
+    fn new(view: &'s mut TensorMut<'_, T>) -> Self {
+        let (data, dims, strides) = view.raw_parts();
+        Shared {
+            data: data.as_mut_ptr(),
+            rows: dims[1],
+            strides,
+            _view: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes `x` at `[slot / dim 1, slot % dim 1, h, c]`.
+    ///
+    /// # Safety
+    /// `slot` below the view's `dim 0 · dim 1`, `h` and `c` below its dims 2 and 3 (then the
+    /// offset is inside the slice: `TensorMut` checked it for every index inside its dims),
+    /// and no other thread writing the same index meanwhile (the view is injective, so distinct
+    /// indices are distinct elements).
+    unsafe fn put(&self, slot: usize, h: usize, c: usize, x: T) {
+        let at = offset([slot / self.rows, slot % self.rows, h, c], self.strides);
+        // SAFETY: in bounds and written by this thread alone, as the caller guarantees.
+        unsafe { self.data.add(at).write(x) };
+    }
+}
+
 /// The checks on values and the writes of [`append`] and [`append_scaled`], after their
-/// other checks.
+/// other checks (shapes, slots in range and distinct, scales). Tokens are split over the
+/// rayon pool when there are enough values; each element is computed the same way on any
+/// thread, so the cache's bits do not depend on the thread count.
 fn write<S: Element, T: KvElement>(
     k: &Tensor<'_, S>,
     v: &Tensor<'_, S>,
     k_cache: &mut TensorMut<'_, T>,
     v_cache: &mut TensorMut<'_, T>,
     slots: &[usize],
-    [mut k_scaling, mut v_scaling]: [Scaling<'_, '_>; 2],
+    [k_scaling, v_scaling]: [Scaling<'_, '_>; 2],
     rope: Option<(&Rope<'_>, &[u32])>,
 ) -> Result<(), Error> {
     let [batch, seq, heads, d_k] = k.dims();
@@ -168,11 +220,13 @@ fn write<S: Element, T: KvElement>(
             }
         }
     }
-    let mut rotation = rope.map(|(r, _)| Rotation::new(r.rotary_dim()));
-    let mut row = vec![0.0f32; d_k.max(d_v)];
-    for b in 0..batch {
-        for s in 0..seq {
-            let token = b * seq + s;
+    let (k_out, v_out) = (Shared::new(k_cache), Shared::new(v_cache));
+    let tokens = batch * seq;
+    let write_tokens = |range: std::ops::Range<usize>| {
+        let mut rotation = rope.map(|(r, _)| Rotation::new(r.rotary_dim()));
+        let mut row = vec![0.0f32; d_k.max(d_v)];
+        for token in range {
+            let (b, s) = (token / seq, token % seq);
             if let (Some((rope, positions)), Some(rot)) = (rope, rotation.as_mut()) {
                 rope.rotation(positions[token], rot);
             }
@@ -182,12 +236,26 @@ fn write<S: Element, T: KvElement>(
                 if let (Some((rope, _)), Some(rot)) = (rope, rotation.as_ref()) {
                     rope.rotate_row(rot, k_row);
                 }
-                write_row(k_cache, slots[token], h, k_row, &mut k_scaling);
+                // SAFETY: `check` proved each slot below the caches' (and scales') dim 0 · dim
+                // 1 and no slot twice, and `h < H_kv`, the channels `< d`, their dims 2 and 3;
+                // each token is written by one range, so no element by two threads.
+                unsafe { write_row(&k_out, slots[token], h, k_row, &k_scaling) };
                 let v_row = &mut row[..d_v];
                 read_row(v, [b, s, h], v_row);
-                write_row(v_cache, slots[token], h, v_row, &mut v_scaling);
+                // SAFETY: as above.
+                unsafe { write_row(&v_out, slots[token], h, v_row, &v_scaling) };
             }
         }
+    };
+    let threads = rayon::current_num_threads();
+    if threads == 1 || tokens * heads * (d_k + d_v) < PARALLEL_MIN_VALUES {
+        write_tokens(0..tokens);
+    } else {
+        // A few ranges per thread, so that one slow thread does not hold the call.
+        let parts = (4 * threads).min(tokens);
+        (0..parts)
+            .into_par_iter()
+            .for_each(|p| write_tokens(p * tokens / parts..(p + 1) * tokens / parts));
     }
     Ok(())
 }
@@ -290,19 +358,21 @@ fn read_row<S: Element>(x: &Tensor<'_, S>, [b, s, h]: [usize; 3], out: &mut [f32
 
 /// `row` into head `h` of slot `slot` of `cache`, as `T` (`i8`: divided by its scale, the
 /// row's own written into its scales, or the given ones).
-fn write_row<T: KvElement>(
-    cache: &mut TensorMut<'_, T>,
+///
+/// # Safety
+/// As [`Shared::put`] for `(slot, h, c)` of every channel `c` of `row` (and for `(slot, h, 0)`
+/// of the scales of [`Scaling::Row`]).
+unsafe fn write_row<T: KvElement>(
+    cache: &Shared<'_, T>,
     slot: usize,
     h: usize,
     row: &[f32],
-    scaling: &mut Scaling<'_, '_>,
+    scaling: &Scaling<'_, '_>,
 ) {
-    let rows = cache.dims()[1];
-    let (e0, e1) = (slot / rows, slot % rows);
-    let (data, _, strides) = cache.raw_parts();
-    let mut write = |f: &dyn Fn(usize, f32) -> f32| {
+    let write = |f: &dyn Fn(usize, f32) -> f32| {
         for (c, &x) in row.iter().enumerate() {
-            data[offset([e0, e1, h, c], strides)] = store_kv::<T>(f(c, x));
+            // SAFETY: the caller's contract.
+            unsafe { cache.put(slot, h, c, store_kv::<T>(f(c, x))) };
         }
     };
     match scaling {
@@ -314,18 +384,21 @@ fn write_row<T: KvElement>(
             } else {
                 write(&|_, _| 0.0);
             }
-            let (sd, _, ss) = scales.raw_parts();
-            sd[offset([e0, e1, h, 0], ss)] = scale;
+            // SAFETY: the caller's contract.
+            unsafe { scales.put(slot, h, 0, scale) };
         }
-        Scaling::Given(scales) => write(&|c, x| {
-            let scale = scales.at([e0, e1, h, c]);
-            // x / ±0 would be ±∞ or NaN: a scale of 0 holds only 0.
-            if scale == 0.0 {
-                0.0
-            } else {
-                x / scale
-            }
-        }),
+        Scaling::Given(scales) => {
+            let (e0, e1) = (slot / cache.rows, slot % cache.rows);
+            write(&|c, x| {
+                let scale = scales.at([e0, e1, h, c]);
+                // x / ±0 would be ±∞ or NaN: a scale of 0 holds only 0.
+                if scale == 0.0 {
+                    0.0
+                } else {
+                    x / scale
+                }
+            })
+        }
         Scaling::Plain => write(&|_, x| x),
     }
 }
