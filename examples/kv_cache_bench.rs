@@ -20,14 +20,17 @@
 //!    `attention_varlen` call per layer (both with a workspace). Reports per-layer times.
 //! 5. Cost follows the work: a packed batch of one 1024-row causal prefill sequence among
 //!    20,000 sequences without rows, against the sequence alone.
+//! 6. [`append`] of a 4096-token prompt (f32 rows, H_kv = 8, d = 128, K rotated) into
+//!    shuffled 16-token pages of f16 and of i8 (per-token scales), on the pool against on one
+//!    thread. Reports both times.
 //!
 //! Flags: `--threads N` (default: all cores), `--rounds N` (default 5), `--only N` (case `N`
 //! alone).
 
 use sdpa::half::f16;
 use sdpa::{
-    Alignment, Heads, Layer, Options, PackedKv, PagedKv, Plan, StepKv, Tensor, TensorMut, VarlenKv,
-    Workspace,
+    append, Alignment, Heads, Layer, Options, PackedKv, PagedKv, Plan, Rope, RopeStyle, StepKv,
+    Tensor, TensorMut, VarlenKv, Workspace,
 };
 use std::time::Instant;
 
@@ -342,6 +345,75 @@ fn empty_sequences(rounds: usize) {
     );
 }
 
+/// Case 6: a prompt's append on the pool against on one thread.
+fn prompt_append(rounds: usize) {
+    let (n, page) = (4096, 16);
+    let pages = n / page;
+    let pool = [pages, page, H_KV, D];
+    let (k, v) = (values(n * H_KV * D, 61), values(n * H_KV * D, 62));
+    // Page p of the prompt is pool page (97·p + 13) mod pages (97 is prime to 256).
+    let slots: Vec<usize> = (0..n)
+        .map(|t| (97 * (t / page) + 13) % pages * page + t % page)
+        .collect();
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let rope = Rope::new(RopeStyle::Halves, D, 10_000.0);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (kt, vt) = (
+        Tensor::bshd(&k, [1, n, H_KV, D]).unwrap(),
+        Tensor::bshd(&v, [1, n, H_KV, D]).unwrap(),
+    );
+    // Each side writes its own caches.
+    let (rope, slots, positions, kt, vt) = (&rope, &slots[..], &positions[..], &kt, &vt);
+    let into_f16 = || {
+        let (mut kf, mut vf) = (vec![f16::ZERO; n * H_KV * D], vec![f16::ZERO; n * H_KV * D]);
+        move || {
+            let (mut kc, mut vc) = (
+                TensorMut::bshd(&mut kf, pool).unwrap(),
+                TensorMut::bshd(&mut vf, pool).unwrap(),
+            );
+            let rope = Some((rope, positions));
+            append(kt, vt, &mut kc, &mut vc, slots, None, rope).unwrap();
+        }
+    };
+    let (mut a, mut b) = (into_f16(), into_f16());
+    let (pooled, single) = alternate(rounds, &mut a, || one.install(&mut b));
+    println!(
+        "6. append 4096 tokens into f16 pages: {:.2} ms on the pool, {:.2} ms on 1 thread ({:.2}x)",
+        pooled * 1e3,
+        single * 1e3,
+        single / pooled
+    );
+    let into_i8 = || {
+        let (mut k8, mut v8) = (vec![0i8; n * H_KV * D], vec![0i8; n * H_KV * D]);
+        let (mut ks, mut vs) = (vec![0.0f32; n * H_KV], vec![0.0f32; n * H_KV]);
+        move || {
+            let sd = [pages, page, H_KV, 1];
+            let (mut kc, mut vc) = (
+                TensorMut::bshd(&mut k8, pool).unwrap(),
+                TensorMut::bshd(&mut v8, pool).unwrap(),
+            );
+            let (mut kst, mut vst) = (
+                TensorMut::bshd(&mut ks, sd).unwrap(),
+                TensorMut::bshd(&mut vs, sd).unwrap(),
+            );
+            let scales = Some((&mut kst, &mut vst));
+            let rope = Some((rope, positions));
+            append(kt, vt, &mut kc, &mut vc, slots, scales, rope).unwrap();
+        }
+    };
+    let (mut a, mut b) = (into_i8(), into_i8());
+    let (pooled, single) = alternate(rounds, &mut a, || one.install(&mut b));
+    println!(
+        "   append 4096 tokens into i8 pages: {:.2} ms on the pool, {:.2} ms on 1 thread ({:.2}x)",
+        pooled * 1e3,
+        single * 1e3,
+        single / pooled
+    );
+}
+
 fn main() {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rounds = 5;
@@ -401,6 +473,9 @@ fn main() {
         }
         if run(5) {
             empty_sequences(rounds);
+        }
+        if run(6) {
+            prompt_append(rounds);
         }
     });
 }

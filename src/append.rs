@@ -177,17 +177,20 @@ impl<'s, T> Shared<'s, T> {
         }
     }
 
-    /// Writes `x` at `[slot / dim 1, slot % dim 1, h, c]`.
+    /// Writes `value(c)` at `[slot / dim 1, slot % dim 1, h, c]` for every `c < n`.
     ///
     /// # Safety
-    /// `slot` below the view's `dim 0 · dim 1`, `h` and `c` below its dims 2 and 3 (then the
-    /// offset is inside the slice: `TensorMut` checked it for every index inside its dims),
-    /// and no other thread writing the same index meanwhile (the view is injective, so distinct
-    /// indices are distinct elements).
-    unsafe fn put(&self, slot: usize, h: usize, c: usize, x: T) {
-        let at = offset([slot / self.rows, slot % self.rows, h, c], self.strides);
-        // SAFETY: in bounds and written by this thread alone, as the caller guarantees.
-        unsafe { self.data.add(at).write(x) };
+    /// `slot` below the view's `dim 0 · dim 1`, `h` below its dim 2 and `n` at most its dim 3
+    /// (then every offset is inside the slice: `TensorMut` checked it for every index inside
+    /// its dims), and no other thread writing the same indices meanwhile (the view is
+    /// injective, so distinct indices are distinct elements).
+    unsafe fn put_row(&self, slot: usize, h: usize, n: usize, value: impl Fn(usize) -> T) {
+        let base = offset([slot / self.rows, slot % self.rows, h, 0], self.strides);
+        let step = self.strides[3];
+        for c in 0..n {
+            // SAFETY: in bounds and written by this thread alone, as the caller guarantees.
+            unsafe { self.data.add(base + c * step).write(value(c)) };
+        }
     }
 }
 
@@ -341,18 +344,32 @@ fn check<S, T: KvElement>(
 fn first_unstorable<S: Element>(x: &Tensor<'_, S>) -> Option<usize> {
     let [batch, seq, heads, d] = x.dims();
     let limit = 2f32.powi(120);
-    let bad = |v: &S| v.to_f32().is_nan() || v.to_f32().abs() > limit;
+    let mut row = vec![0.0f32; d];
     (0..batch * seq).find(|&token| {
         let (b, s) = (token / seq, token % seq);
-        (0..heads).any(|h| (0..d).any(|c| x.get([b, s, h, c]).is_some_and(bad)))
+        (0..heads).any(|h| {
+            read_row(x, [b, s, h], &mut row);
+            // A NaN fails `≤`; no early exit inside a row, so that the test vectorizes.
+            !row.iter().fold(true, |ok, v| ok & (v.abs() <= limit))
+        })
     })
 }
 
 /// Row `[b, s, h]` of `x` as f32.
 fn read_row<S: Element>(x: &Tensor<'_, S>, [b, s, h]: [usize; 3], out: &mut [f32]) {
     let (data, strides) = (x.data(), x.strides());
-    for (c, o) in out.iter_mut().enumerate() {
-        *o = data[offset([b, s, h, c], strides)].to_f32();
+    let (base, n) = (offset([b, s, h, 0], strides), out.len());
+    match strides[3] {
+        1 => {
+            for (o, v) in out.iter_mut().zip(&data[base..base + n]) {
+                *o = v.to_f32();
+            }
+        }
+        step => {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = data[base + c * step].to_f32();
+            }
+        }
     }
 }
 
@@ -360,8 +377,8 @@ fn read_row<S: Element>(x: &Tensor<'_, S>, [b, s, h]: [usize; 3], out: &mut [f32
 /// row's own written into its scales, or the given ones).
 ///
 /// # Safety
-/// As [`Shared::put`] for `(slot, h, c)` of every channel `c` of `row` (and for `(slot, h, 0)`
-/// of the scales of [`Scaling::Row`]).
+/// As [`Shared::put_row`] for `(slot, h)` and `row.len()` channels (and for one channel of
+/// the scales of [`Scaling::Row`]).
 unsafe fn write_row<T: KvElement>(
     cache: &Shared<'_, T>,
     slot: usize,
@@ -369,36 +386,30 @@ unsafe fn write_row<T: KvElement>(
     row: &[f32],
     scaling: &Scaling<'_, '_>,
 ) {
-    let write = |f: &dyn Fn(usize, f32) -> f32| {
-        for (c, &x) in row.iter().enumerate() {
-            // SAFETY: the caller's contract.
-            unsafe { cache.put(slot, h, c, store_kv::<T>(f(c, x))) };
-        }
-    };
+    let n = row.len();
     match scaling {
         Scaling::Row(scales) => {
             let amax = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let scale = amax / 127.0;
+            // SAFETY (both blocks): the caller's contract.
             if scale > 0.0 {
-                write(&|_, x| x / scale);
+                unsafe { cache.put_row(slot, h, n, |c| store_kv::<T>(row[c] / scale)) };
             } else {
-                write(&|_, _| 0.0);
+                unsafe { cache.put_row(slot, h, n, |_| store_kv::<T>(0.0)) };
             }
-            // SAFETY: the caller's contract.
-            unsafe { scales.put(slot, h, 0, scale) };
+            unsafe { scales.put_row(slot, h, 1, |_| scale) };
         }
         Scaling::Given(scales) => {
             let (e0, e1) = (slot / cache.rows, slot % cache.rows);
-            write(&|c, x| {
+            let scaled = |c: usize| {
                 let scale = scales.at([e0, e1, h, c]);
                 // x / ±0 would be ±∞ or NaN: a scale of 0 holds only 0.
-                if scale == 0.0 {
-                    0.0
-                } else {
-                    x / scale
-                }
-            })
+                store_kv::<T>(if scale == 0.0 { 0.0 } else { row[c] / scale })
+            };
+            // SAFETY: the caller's contract.
+            unsafe { cache.put_row(slot, h, n, scaled) };
         }
-        Scaling::Plain => write(&|_, x| x),
+        // SAFETY: the caller's contract.
+        Scaling::Plain => unsafe { cache.put_row(slot, h, n, |c| store_kv::<T>(row[c])) },
     }
 }

@@ -39,8 +39,13 @@ mod sealed {
             KvPair::I8(k, v)
         }
         fn store(x: f32) -> Self {
-            // (Saturating, and NaN to 0: callers pass finite values already scaled.)
-            x.round_ties_even().clamp(-127.0, 127.0) as i8
+            // (Saturating, and NaN to 0: callers pass finite values already scaled.) Rounded
+            // by adding and subtracting 1.5·2²³, which rounds a value of magnitude ≤ 127 to
+            // the nearest integer, ties to even, as `round_ties_even` does; that is a library
+            // call where the target lacks SSE4.1's `roundss` (x86-64's baseline), this is two
+            // additions.
+            const ROUND: f32 = 12_582_912.0;
+            ((x.clamp(-127.0, 127.0) + ROUND) - ROUND) as i8
         }
     }
 

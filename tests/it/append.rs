@@ -693,3 +693,41 @@ fn a_long_append_gives_the_same_bits_on_any_thread_count() {
         assert!(one == many, "{threads} threads");
     }
 }
+
+/// `i8` rows round to nearest, ties to even, and saturate: the values `append_scaled` stores
+/// for a scale of 1 over every quarter step in [-130, 130] and the edge cases.
+#[test]
+fn i8_rounding_is_to_nearest_even_and_saturating() {
+    let mut xs: Vec<f32> = (-520..=520).map(|i| i as f32 / 4.0).collect();
+    xs.extend([
+        0.499_999_97,
+        -0.499_999_97,
+        126.5,
+        -126.5,
+        1e30,
+        -1e30,
+        -0.0,
+    ]);
+    let n = xs.len();
+    let (mut kc, mut vc) = (vec![0i8; n], vec![0i8; n]);
+    let one = [1.0f32];
+    let scale = Tensor::bshd(&one, [1, 1, 1, 1]).unwrap();
+    let rows = Tensor::bshd(&xs, [1, n, 1, 1]).unwrap();
+    let slots: Vec<usize> = (0..n).collect();
+    append_scaled(
+        &rows,
+        &rows,
+        &mut TensorMut::bshd(&mut kc, [1, n, 1, 1]).unwrap(),
+        &mut TensorMut::bshd(&mut vc, [1, n, 1, 1]).unwrap(),
+        &slots,
+        &scale,
+        &scale,
+        None,
+    )
+    .unwrap();
+    for (&x, &q) in xs.iter().zip(&kc) {
+        let want = f64::from(x).round_ties_even().clamp(-127.0, 127.0) as i8;
+        assert_eq!(q, want, "{x}");
+    }
+    assert_eq!(kc, vc);
+}
