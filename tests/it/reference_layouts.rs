@@ -17,8 +17,8 @@ use crate::support::values::SplitMix;
 use sdpa::half::{bf16, f16};
 use sdpa::reference;
 use sdpa::{
-    Alignment, Error, KvElement, Options, PackedKv, PagedKv, Rope, RopeStyle, Tensor,
-    TensorMut, VarlenKv,
+    Alignment, Error, KvElement, Options, PackedKv, PagedKv, Rope, RopeStyle, Tensor, TensorMut,
+    VarlenKv,
 };
 
 /// A K/V type the cases draw values of.
