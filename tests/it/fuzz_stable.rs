@@ -15,7 +15,7 @@ use arbitrary::Unstructured;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use support::values::SplitMix;
-use support::{api, differential, kv_cache, merge, seeds};
+use support::{api, differential, kv_cache, merge, seeds, serving};
 
 /// Random cases per target: (differential, api, merge), smaller in debug builds, where the f64
 /// reference is ~20× slower.
@@ -77,6 +77,11 @@ fn seed_inputs() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         kv_cache::seeds()
             .into_iter()
             .map(|(n, c)| ("kv_cache", n, c.encode())),
+    );
+    all.extend(
+        serving::seeds()
+            .into_iter()
+            .map(|(n, c)| ("serving", n, c.encode())),
     );
     all
 }
@@ -244,6 +249,66 @@ fn random_kv_cache_cases() {
     assert!(stats.rows_empty >= n / 20, "{stats:?}");
 }
 
+#[test]
+fn random_serving_cases() {
+    // Serving episodes: appends with RoPE, paged (and packed) plans, faults (tiny shapes:
+    // 2,000 episodes take about 3 s in release on a shared 2-core machine).
+    let n = std::env::var("SDPA_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) { 100 } else { 2_000 });
+    let mut rng = SplitMix(0x5d9a_0005);
+    let mut stats = serving::ServingStats::default();
+    let mut failures = Failures::default();
+    for i in 0..n {
+        let data = random_input(&mut rng, 120);
+        let Ok(case) = serving::ServingCase::decode(&mut Unstructured::new(&data)) else {
+            continue;
+        };
+        failures.run("serving", &format!("random case {i}"), &data, || {
+            stats.add(&serving::check(&case));
+        });
+    }
+    eprintln!("serving: {stats:?}");
+    failures.assert_none("random serving cases");
+    // The checks must not be vacuous.
+    assert!(stats.cases >= n * 9 / 10, "{stats:?}");
+    assert!(stats.steps >= n, "{stats:?}");
+    assert!(stats.paged_runs >= 2 * n, "{stats:?}");
+    assert!(stats.packed_runs >= n / 4, "{stats:?}");
+    assert!(stats.appends >= 2 * n, "{stats:?}");
+    assert!(stats.rejected >= n / 4, "{stats:?}");
+    assert!(stats.rows_in_bound >= 10 * n, "{stats:?}");
+}
+
+/// The serving target's files (`support::TARGETS` and `support::run` name the four older
+/// targets): `fuzz/corpus/serving/` and `tests/regressions/serving/`, replayed.
+fn replay_serving(dirs: &[PathBuf], failures: &mut Failures) -> usize {
+    let mut count = 0;
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir.join("serving")) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        files.sort();
+        for file in files.iter().filter(|f| f.is_file()) {
+            let data = std::fs::read(file).expect("readable corpus file");
+            let label = file
+                .strip_prefix(root())
+                .unwrap_or(file)
+                .display()
+                .to_string();
+            failures.run("serving", &label, &data, || {
+                if let Ok(case) = serving::ServingCase::decode(&mut Unstructured::new(&data)) {
+                    serving::check(&case);
+                }
+            });
+            count += 1;
+        }
+    }
+    count
+}
+
 /// Every file of `dir/<target>/`, for every target.
 fn replay_dir(dir: &Path, failures: &mut Failures) -> usize {
     let mut count = 0;
@@ -279,13 +344,23 @@ fn replay_corpora_and_regressions() {
             for (target, name, data) in &seeds {
                 let label = format!("seed {target}/{name} (packaged crate: no fuzz/corpus)");
                 failures.run(target, &label, data, || {
-                    support::run(target, data);
+                    if !support::run(target, data) {
+                        let mut u = Unstructured::new(data);
+                        let case = serving::ServingCase::decode(&mut u).expect("a seed decodes");
+                        serving::check(&case);
+                    }
                 });
             }
             seeds.len()
         }
     };
-    let regressions = replay_dir(&root().join("tests/regressions"), &mut failures);
+    let corpus = corpus
+        + match corpus_dir() {
+            Some(dir) => replay_serving(&[dir], &mut failures),
+            None => 0, // the seeds ran above, from `seed_inputs`
+        };
+    let regressions = replay_dir(&root().join("tests/regressions"), &mut failures)
+        + replay_serving(&[root().join("tests/regressions")], &mut failures);
     eprintln!("replayed {corpus} corpus files and {regressions} regression inputs");
     failures.assert_none("corpus and regression replay");
     assert!(corpus >= seeds::differential().len() + seeds::api().len() + seeds::merge().len());
@@ -330,6 +405,11 @@ fn seed_corpus() {
         let back = kv_cache::KvCacheCase::decode(&mut Unstructured::new(&bytes));
         check("kv_cache", name, bytes, back.as_ref() == Ok(&case));
     }
+    for (name, case) in serving::seeds() {
+        let bytes = case.encode();
+        let back = serving::ServingCase::decode(&mut Unstructured::new(&bytes));
+        check("serving", name, bytes, back.as_ref() == Ok(&case));
+    }
     // Only named seeds in the corpora: every file is a seed of `support::seeds` (inputs a
     // fuzzing campaign minted belong to that campaign; keep a finding in tests/regressions/).
     let names: Vec<String> = [
@@ -343,11 +423,12 @@ fn seed_corpus() {
         ("api", seeds::api().iter().map(|s| s.0).collect()),
         ("merge", seeds::merge().iter().map(|s| s.0).collect()),
         ("kv_cache", kv_cache::seeds().iter().map(|s| s.0).collect()),
+        ("serving", serving::seeds().iter().map(|s| s.0).collect()),
     ]
     .iter()
     .flat_map(|(t, ns)| ns.iter().map(move |n| format!("{t}/seed-{n}")))
     .collect();
-    for target in support::TARGETS {
+    for target in support::TARGETS.into_iter().chain(["serving"]) {
         let Some(corpus) = &corpus else { break };
         let dir = corpus.join(target);
         for e in std::fs::read_dir(&dir).expect("corpus dir").flatten() {

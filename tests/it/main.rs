@@ -33,6 +33,7 @@ mod miri;
 mod plan;
 mod pools;
 mod properties;
+mod reference_layouts;
 mod rope;
 mod serving;
 mod variants;

@@ -48,6 +48,7 @@ pub mod layout;
 pub mod merge;
 pub mod opts;
 pub mod seeds;
+pub mod serving;
 pub mod typed;
 pub mod values;
 
