@@ -264,7 +264,7 @@ fn write<S: Element, T: KvElement>(
 }
 
 /// The checks of [`append`] that do not read the rows' values.
-fn check<S, T: KvElement>(
+pub(crate) fn check<S, T: KvElement>(
     k: &Tensor<'_, S>,
     v: &Tensor<'_, S>,
     k_cache: &TensorMut<'_, T>,
@@ -341,7 +341,7 @@ fn check<S, T: KvElement>(
 /// magnitude above `2¹²⁰` (rotated by RoPE, at most `√2 · 2¹²⁰`, its scale stays below
 /// `2¹¹⁴`, inside what [`Options::kv_scales`](crate::Options::kv_scales) accepts, `f32::MAX /
 /// 128`).
-fn first_unstorable<S: Element>(x: &Tensor<'_, S>) -> Option<usize> {
+pub(crate) fn first_unstorable<S: Element>(x: &Tensor<'_, S>) -> Option<usize> {
     let [batch, seq, heads, d] = x.dims();
     let limit = 2f32.powi(120);
     let mut row = vec![0.0f32; d];

@@ -1,9 +1,9 @@
 //! The definitions of what goes into a cache: [`rope`] ([`Rope::apply`] in f64) and [`append`]
 //! ([`crate::append`]: the rotated rows rounded to the cache's type, `i8` rows quantized).
 
-use crate::append::AppendScales;
+use crate::append::{check, first_unstorable, AppendScales};
 use crate::element::{store_kv, Element, KvElement};
-use crate::error::{Dim, Error, Operand};
+use crate::error::{Error, Operand};
 use crate::rope::{rotate, Rope};
 use crate::tensor::{Tensor, TensorMut};
 
@@ -72,7 +72,7 @@ pub fn append<S: Element, T: KvElement>(
     mut scales: Option<AppendScales<'_, '_>>,
     rope: Option<(&Rope<'_>, &[u32])>,
 ) -> Result<(), Error> {
-    let [batch, seq, heads, d_k] = k.dims();
+    let [_, _, heads, d_k] = k.dims();
     let d_v = v.dims()[3];
     let scale_dims = scales.as_ref().map(|(a, b)| (a.dims(), b.dims()));
     check(k, v, k_cache, v_cache, slots, scale_dims)?;
@@ -82,15 +82,9 @@ pub fn append<S: Element, T: KvElement>(
     };
     let v_rows = rows(v);
     if T::QUANTIZED {
-        for (operand, x, d) in [(Operand::Key, k, d_k), (Operand::Value, v, d_v)] {
-            // The rows as given (before RoPE), as the fast call checks them.
-            let given = rows(x);
-            let limit = f64::from(2f32.powi(120));
-            let bad = |x: &f64| x.is_nan() || x.abs() > limit;
-            let row_len = heads * d;
-            if let Some(token) =
-                (0..batch * seq).find(|&t| given[t * row_len..(t + 1) * row_len].iter().any(bad))
-            {
+        // The rows as given (before RoPE), checked as the fast call checks them.
+        for (operand, x) in [(Operand::Key, k), (Operand::Value, v)] {
+            if let Some(token) = first_unstorable(x) {
                 return Err(Error::InvalidValue {
                     operand,
                     index: token,
@@ -173,78 +167,4 @@ fn store<T: KvElement>(
             *scales.get_mut([e0, e1, h, 0]).expect("checked scales") = scale;
         }
     }
-}
-
-/// The checks of [`append`] that do not read the rows' values, in the fast call's order.
-fn check<S, T: KvElement>(
-    k: &Tensor<'_, S>,
-    v: &Tensor<'_, S>,
-    k_cache: &TensorMut<'_, T>,
-    v_cache: &TensorMut<'_, T>,
-    slots: &[usize],
-    scale_dims: Option<([usize; 4], [usize; 4])>,
-) -> Result<(), Error> {
-    let mismatch = |operand, dim, expected, got| {
-        (expected != got).then_some(Error::ShapeMismatch {
-            operand,
-            dim,
-            expected,
-            got,
-        })
-    };
-    let [batch, seq, heads, d_k] = k.dims();
-    let vd = v.dims();
-    let (kc, vc) = (k_cache.dims(), v_cache.dims());
-    let mut errors = vec![
-        mismatch(Operand::Value, Dim::Batch, batch, vd[0]),
-        mismatch(Operand::Value, Dim::Seq, seq, vd[1]),
-        mismatch(Operand::Value, Dim::Heads, heads, vd[2]),
-        mismatch(Operand::Key, Dim::Heads, heads, kc[2]),
-        mismatch(Operand::Key, Dim::HeadSize, d_k, kc[3]),
-        mismatch(Operand::Value, Dim::Batch, kc[0], vc[0]),
-        mismatch(Operand::Value, Dim::Seq, kc[1], vc[1]),
-        mismatch(Operand::Value, Dim::Heads, heads, vc[2]),
-        mismatch(Operand::Value, Dim::HeadSize, vd[3], vc[3]),
-    ];
-    match (T::QUANTIZED, scale_dims) {
-        (true, None) | (false, Some(_)) => return Err(Error::KvScales { kv_type: T::NAME }),
-        (true, Some((ks, vs))) => {
-            for (operand, got) in [(Operand::KeyScales, ks), (Operand::ValueScales, vs)] {
-                let want = [kc[0], kc[1], heads, 1];
-                for ((dim, w), g) in Dim::ALL.into_iter().zip(want).zip(got) {
-                    errors.push(mismatch(operand, dim, w, g));
-                }
-            }
-        }
-        (false, None) => {}
-    }
-    if let Some(e) = errors.into_iter().flatten().next() {
-        return Err(e);
-    }
-    if slots.len() != batch * seq {
-        return Err(Error::LengthMismatch {
-            operand: Operand::Slots,
-            expected: batch * seq,
-            got: slots.len(),
-        });
-    }
-    let capacity = kc[0].saturating_mul(kc[1]);
-    if let Some(i) = slots.iter().position(|&s| s >= capacity) {
-        return Err(Error::InvalidValue {
-            operand: Operand::Slots,
-            index: i,
-            reason: "a slot past the cache",
-        });
-    }
-    // A slot written twice: reported at the later of its two first tokens, as the fast call.
-    let mut order: Vec<(usize, usize)> = slots.iter().copied().zip(0..).collect();
-    order.sort_unstable();
-    if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(Error::InvalidValue {
-            operand: Operand::Slots,
-            index: w[0].1.max(w[1].1),
-            reason: "a slot written twice in one call",
-        });
-    }
-    Ok(())
 }

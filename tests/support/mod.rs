@@ -27,6 +27,8 @@
 //!   problems; [`api`]: the no-panic / typed-error check; [`merge`]: `merge_partials`;
 //! * [`kv_cache`]: paged and packed K/V (`attention_paged`, `attention_varlen`): tables and
 //!   offsets valid and broken, against the documented errors, the dense call and the reference;
+//! * [`serving`]: serving episodes (append with RoPE, a `Plan` per step, two layers) against
+//!   `reference::append` and `reference::attention_varlen`;
 //! * [`seeds`]: the named seed inputs written to `fuzz/corpus/<target>/`;
 //! * [`counting_alloc`]: the counting global allocator (`benches/support/counting_alloc.rs`).
 //!
@@ -89,7 +91,7 @@ impl Slopes for Result<Vec<f32>, sdpa::Error> {
 }
 
 /// The fuzz targets, by corpus directory name.
-pub const TARGETS: [&str; 4] = ["differential", "api", "merge", "kv_cache"];
+pub const TARGETS: [&str; 5] = ["differential", "api", "merge", "kv_cache", "serving"];
 
 /// Decodes `data` as an input of `target` and checks it (panicking on a violation).
 /// Returns `false` if `target` is not one of [`TARGETS`].
@@ -117,6 +119,12 @@ pub fn run(target: &str, data: &[u8]) -> bool {
         "kv_cache" => {
             if let Ok(case) = kv_cache::KvCacheCase::decode(&mut u) {
                 kv_cache::check(&case);
+            }
+            true
+        }
+        "serving" => {
+            if let Ok(case) = serving::ServingCase::decode(&mut u) {
+                serving::check(&case);
             }
             true
         }
