@@ -14,18 +14,17 @@
 //!   tokens' K (rotated by the model's [`Rope`]) and V into their slots, converted to the
 //!   cache's type (int8 rows with their scales), Q is rotated alike, and [`Plan::run`] does
 //!   the layer's attention: causal, bottom-right, every sequence in one call.
-//! * Every sequence's rows (out and LSE) of every layer are checked against the f64
-//!   reference on that sequence alone, its keys (and scales) gathered densely from its pages
-//!   (by the example's own slot arithmetic, not the plan's),
-//!   within `reference::error_bounds`; a miss panics. One line per step: the worst
-//!   error / bound.
+//! * Every layer's rows (out and LSE) are checked against the f64 reference over the same
+//!   pages (`reference::attention_varlen`), within its bound per row
+//!   (`reference::error_bounds_varlen`); a miss panics. One line per step: the worst error /
+//!   bound.
 //!
 //! GQA: 8 query heads over 2 K/V heads, head size 64, pages of 16 tokens.
 
 use sdpa::half::f16;
 use sdpa::reference;
 use sdpa::{append, Alignment, Error, Heads, KvElement, Layer, Options, Plan, Rope, RopeStyle};
-use sdpa::{StepKv, Tensor, TensorMut, Workspace};
+use sdpa::{PagedKv, StepKv, Tensor, TensorMut, VarlenKv, Workspace};
 
 const H: usize = 8; // query heads
 const H_KV: usize = 2; // K/V heads (GQA: 4 query heads per K/V head)
@@ -33,7 +32,6 @@ const D: usize = 64; // head size
 const PAGE: usize = 16; // tokens per page
 const NUM_PAGES: usize = 40; // the pool: fewer than all sequences need at once
 const CHUNK: usize = 64; // most prompt tokens per sequence per step
-const ROW: usize = H_KV * D; // one token's K (or V) in the pool
 
 /// splitmix64: deterministic values without dependencies.
 struct Rng(u64);
@@ -61,12 +59,6 @@ struct Seq {
     pages: Vec<u32>, // block table row: key t is slot t % PAGE of page pages[t / PAGE]
 }
 
-/// The slot of token `t` of `s` (`page · PAGE + offset`): its row `slot · ROW` of a pool,
-/// its scale `slot · H_KV` of a scale pool (layout `[page, offset, H_KV, 1]`).
-fn slot(s: &Seq, t: usize) -> usize {
-    s.pages[t / PAGE] as usize * PAGE + t % PAGE
-}
-
 /// One layer's caches: K/V pools of `T` and, for int8, their scale pools.
 struct Caches<T> {
     k: Vec<T>,
@@ -78,8 +70,8 @@ impl<T: KvElement + Default> Caches<T> {
     fn new(quantized: bool) -> Self {
         let scales = vec![0.0f32; NUM_PAGES * PAGE * H_KV];
         Caches {
-            k: vec![T::default(); NUM_PAGES * PAGE * ROW],
-            v: vec![T::default(); NUM_PAGES * PAGE * ROW],
+            k: vec![T::default(); NUM_PAGES * PAGE * H_KV * D],
+            v: vec![T::default(); NUM_PAGES * PAGE * H_KV * D],
             scales: quantized.then(|| (scales.clone(), scales)),
         }
     }
@@ -89,25 +81,39 @@ impl<T: KvElement + Default> Caches<T> {
 const POOL: [usize; 4] = [NUM_PAGES, PAGE, H_KV, D];
 const SCALES: [usize; 4] = [NUM_PAGES, PAGE, H_KV, 1];
 
-/// One layer of a step: the new tokens' K/V appended (K rotated), Q rotated, the plan run,
-/// every sequence checked against the reference. Returns the worst error / bound.
+/// What every layer of a step shares: the packed rows' offsets, the block table (and its row
+/// length), the options, and the new rows' slots and positions.
+type StepRows<'s> = (
+    &'s [usize],
+    &'s [u32],
+    usize,
+    &'s Options<'s>,
+    &'s [usize],
+    &'s [u32],
+);
+
+/// One layer of a step: the new tokens' K/V appended (K rotated), Q rotated, the plan run, and
+/// the rows checked against the f64 reference over the same pages. Returns the worst error /
+/// bound.
 fn layer<T: KvElement + Default>(
     caches: &mut Caches<T>,
     plan: &mut Plan<'_>,
-    (running, cu_q, slots, positions): (&[Seq], &[usize], &[usize], &[u32]),
+    (cu_q, table, pps, opts, slots, positions): StepRows<'_>,
     rope: &Rope<'_>,
     rng: &mut Rng,
 ) -> Result<f64, Error> {
     let n = slots.len();
     let (k_new, v_new): (Vec<f32>, Vec<f32>) =
-        (0..n * ROW).map(|_| (rng.unit(), rng.unit())).unzip();
+        (0..n * H_KV * D).map(|_| (rng.unit(), rng.unit())).unzip();
     let mut q: Vec<f32> = (0..n * H * D).map(|_| rng.unit()).collect();
     let (kn, vn) = (
         Tensor::bshd(&k_new, [1, n, H_KV, D])?,
         Tensor::bshd(&v_new, [1, n, H_KV, D])?,
     );
-    let mut k_cache = TensorMut::bshd(&mut caches.k, POOL)?;
-    let mut v_cache = TensorMut::bshd(&mut caches.v, POOL)?;
+    let (mut kc, mut vc) = (
+        TensorMut::bshd(&mut caches.k, POOL)?,
+        TensorMut::bshd(&mut caches.v, POOL)?,
+    );
     let mut scales = match &mut caches.scales {
         Some((ks, vs)) => Some((TensorMut::bshd(ks, SCALES)?, TensorMut::bshd(vs, SCALES)?)),
         None => None,
@@ -116,78 +122,46 @@ fn layer<T: KvElement + Default>(
     append(
         &kn,
         &vn,
-        &mut k_cache,
-        &mut v_cache,
+        &mut kc,
+        &mut vc,
         slots,
         scale_views,
         Some((rope, positions)),
     )?;
     rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, positions)?;
 
-    let (mut out, mut lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
     let (qv, kp, vp) = (
         Tensor::bshd(&q, [1, n, H, D])?,
         Tensor::bshd(&caches.k, POOL)?,
         Tensor::bshd(&caches.v, POOL)?,
     );
-    let scale_pools = match &caches.scales {
-        Some((ks, vs)) => Some((Tensor::bshd(ks, SCALES)?, Tensor::bshd(vs, SCALES)?)),
-        None => None,
-    };
-    let this_layer = match scale_pools {
-        Some((ks, vs)) => Layer::new().kv_scales(ks, vs),
-        None => Layer::new(),
-    };
+    let (mut this_layer, mut ref_opts) = (Layer::new(), opts.clone());
+    if let Some((ks, vs)) = &caches.scales {
+        let (ks, vs) = (Tensor::bshd(ks, SCALES)?, Tensor::bshd(vs, SCALES)?);
+        (this_layer, ref_opts) = (this_layer.kv_scales(ks, vs), ref_opts.kv_scales(ks, vs));
+    }
+    let (mut out, mut lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
     let mut ov = TensorMut::bshd(&mut out, [1, n, H, D])?;
     plan.run(&qv, &kp, &vp, &mut ov, Some(&mut lse), &this_layer)?;
 
-    // Each sequence against the reference on it alone, its keys (and scales) gathered.
+    // The f64 reference over the same pages, and its error bound per row.
+    let kv = VarlenKv::Paged(PagedKv::new(kp, vp, table, pps)?);
+    let (mut want, mut want_lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
+    let mut wv = TensorMut::bshd(&mut want, [1, n, H, D])?;
+    reference::attention_varlen(&qv, cu_q, &kv, &mut wv, Some(&mut want_lse), &ref_opts)?;
+    let bounds = reference::error_bounds_varlen(&qv, cu_q, &kv, &ref_opts)?;
     let mut worst = 0.0f64;
-    for (b, s) in running.iter().enumerate() {
-        let (r0, rows) = (cu_q[b], cu_q[b + 1] - cu_q[b]);
-        let (mut k, mut v, mut ks, mut vs) = (vec![], vec![], vec![], vec![]);
-        for t in 0..s.len {
-            let at = slot(s, t);
-            k.extend_from_slice(&caches.k[at * ROW..][..ROW]);
-            v.extend_from_slice(&caches.v[at * ROW..][..ROW]);
-            if let Some((kp, vp)) = &caches.scales {
-                ks.extend_from_slice(&kp[at * H_KV..][..H_KV]);
-                vs.extend_from_slice(&vp[at * H_KV..][..H_KV]);
-            }
-        }
-        let qs = Tensor::bshd(&q[r0 * H * D..(r0 + rows) * H * D], [1, rows, H, D])?;
-        let (ks_t, vs_t) = (
-            Tensor::bshd(&ks, [1, s.len, H_KV, 1]),
-            Tensor::bshd(&vs, [1, s.len, H_KV, 1]),
-        );
-        let (kd, vd) = (
-            Tensor::bshd(&k, [1, s.len, H_KV, D])?,
-            Tensor::bshd(&v, [1, s.len, H_KV, D])?,
-        );
-        let mut opts = Options::new().causal(Alignment::BottomRight);
-        if caches.scales.is_some() {
-            opts = opts.kv_scales(ks_t?, vs_t?);
-        }
-        let (mut want, mut w_lse) = (vec![0.0f32; rows * H * D], vec![0.0f32; H * rows]);
-        let mut wv = TensorMut::bshd(&mut want, [1, rows, H, D])?;
-        reference::attention_lse(&qs, &kd, &vd, &mut wv, &mut w_lse, &opts)?;
-        let bounds = reference::error_bounds(&qs, &kd, &vd, &opts)?;
-        let mut check = |got: f32, want: f32, bound: f64, i: usize, h: usize| {
-            let err = (f64::from(got) - f64::from(want)).abs();
-            let what = format!("{} cache, seq {} row {i} head {h}", T::NAME, s.id);
-            assert!(err <= bound, "{what}: {got} vs {want} (bound {bound:e})");
-            worst = worst.max(err / bound);
-        };
-        for h in 0..H {
-            for i in 0..rows {
-                let bd = bounds[h * rows + i];
-                check(lse[h * n + r0 + i], w_lse[h * rows + i], bd.lse, i, h);
-                for c in 0..D {
-                    let at = (i * H + h) * D + c;
-                    check(out[r0 * H * D + at], want[at], bd.out, i, h);
-                }
-            }
-        }
+    for (h, t) in (0..H).flat_map(|h| (0..n).map(move |t| (h, t))) {
+        let bound = bounds[h * n + t];
+        let row = (t * H + h) * D..(t * H + h + 1) * D;
+        let lse_err = (f64::from(lse[h * n + t]) - f64::from(want_lse[h * n + t])).abs();
+        let out_err = (out[row.clone()].iter().zip(&want[row]))
+            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
+            .fold(0.0, f64::max);
+        let what = format!("{} cache, row {t} head {h}", T::NAME);
+        assert!(lse_err <= bound.lse, "{what}: LSE off by {lse_err:e}");
+        assert!(out_err <= bound.out, "{what}: out off by {out_err:e}");
+        worst = worst.max(lse_err / bound.lse).max(out_err / bound.out);
     }
     Ok(worst)
 }
@@ -266,7 +240,14 @@ fn main() -> Result<(), Error> {
         // The new rows' slots (for `append`) and positions (for RoPE), after the cached keys.
         let (mut slots, mut positions) = (vec![0; total_q], vec![0; total_q]);
         plan.new_rows(&mut slots, &mut positions)?;
-        let step_rows = (&running[..], &cu_q[..], &slots[..], &positions[..]);
+        let step_rows = (
+            &cu_q[..],
+            &table[..],
+            pps,
+            &opts,
+            &slots[..],
+            &positions[..],
+        );
         let worst = layer(&mut f16_layer, &mut plan, step_rows, &rope, &mut rng)?.max(layer(
             &mut i8_layer,
             &mut plan,
