@@ -145,8 +145,9 @@ enum Scaling<'s, 'a> {
 
 /// Values (`tokens · H_kv · (d_k + d_v)`) below which an append runs on the calling thread:
 /// a decode step's few rows cost less than waking the pool (~2–10 µs per rayon job); a
-/// prompt's thousands of rows are split over it.
-const PARALLEL_MIN_VALUES: usize = 1 << 16;
+/// prompt's thousands of rows are split over it. (Under Miri, 64: its tiny test reaches the
+/// parallel writes.)
+const PARALLEL_MIN_VALUES: usize = if cfg!(miri) { 64 } else { 1 << 16 };
 
 /// A cache or scale view written by several threads at once, element by element.
 ///
