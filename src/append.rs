@@ -74,7 +74,7 @@ pub fn append<S: Element, T: KvElement>(
 
 /// [`append`] into an `i8` cache with scales the caller gives: `k_scales` and `v_scales` are
 /// views that broadcast against the caches' dims (K's `[dim 0, dim 1, H_kv, d_k]`, V's with
-/// `d_v`), as [`Options::kv_scales`] reads them — per tensor `[1, 1, 1, 1]`, per (kv head,
+/// `d_v`), as [`Options::kv_scales`](crate::Options::kv_scales) reads them — per tensor `[1, 1, 1, 1]`, per (kv head,
 /// channel) `[1, 1, H_kv, d]`, … — and pass the same views to the attention call. Each value is
 /// stored as `round(x / scale)` (ties to even) saturated to ±127, so values within `127 ·
 /// |scale|` dequantize to within `|scale| / 2` and larger ones clip (a scale of 0 stores 0).
@@ -84,7 +84,7 @@ pub fn append<S: Element, T: KvElement>(
 /// Those of [`append`] (without its scale errors), and [`Error::NotBroadcastable`] for scales
 /// that do not broadcast against the cache, [`Error::InvalidValue`] ([`Operand::KeyScales`],
 /// [`Operand::ValueScales`], the scale's storage index) for a scale this call reads that is not
-/// finite or beyond `f32::MAX / 128` in magnitude (what [`Options::kv_scales`] accepts).
+/// finite or beyond `f32::MAX / 128` in magnitude (what [`Options::kv_scales`](crate::Options::kv_scales) accepts).
 #[allow(clippy::too_many_arguments)] // the rows, the cache, where, its scales and the rope
 pub fn append_scaled<S: Element>(
     k: &Tensor<'_, S>,
