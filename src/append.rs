@@ -115,6 +115,13 @@ fn given_scales<'a>(
     slots: &[usize],
 ) -> Result<Broadcast<'a, f32>, Error> {
     let view = broadcast(t, dims, operand)?;
+    // Scales that broadcast over dims 0 and 1 are the same for every slot: checked once.
+    let per_slot = view.strides[0] != 0 || view.strides[1] != 0;
+    let slots = if per_slot {
+        slots
+    } else {
+        &slots[..slots.len().min(1)]
+    };
     for &slot in slots {
         let (e0, e1) = (slot / dims[1], slot % dims[1]);
         for h in 0..dims[2] {

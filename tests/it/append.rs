@@ -600,97 +600,33 @@ fn a_cache_with_per_channel_scales_serves_attention() {
 /// slot written once (the untouched ones keep their sentinel).
 #[test]
 fn a_long_append_gives_the_same_bits_on_any_thread_count() {
+    use crate::support::append::{append_on, F16_UNWRITTEN, GIVEN};
     let (n, hkv, d, page, pages) = (700, 2, 64, 16, 48);
-    let pool = [pages, page, hkv, d];
-    let k = SplitMix::unit_values(n * hkv * d, 80);
-    let v = SplitMix::unit_values(n * hkv * d, 81);
-    let rows = [1, n, hkv, d];
     // Slots scattered over the pool: page (7·p + 5) mod pages for the token's page p.
     let slots: Vec<usize> = (0..n)
         .map(|t| (7 * (t / page) + 5) % pages * page + t % page)
         .collect();
     let positions: Vec<u32> = (0..n as u32).map(|t| 3 * t).collect();
-    let rope = Rope::new(RopeStyle::Halves, d, 10_000.0);
-    let given = [0.004f32];
-    let in_pool = |threads: usize| {
-        let pool_t = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool_t.install(|| {
-            let (kt, vt) = (
-                Tensor::bshd(&k, rows).unwrap(),
-                Tensor::bshd(&v, rows).unwrap(),
-            );
-            let mut kf = vec![f16::from_f32(9.0); pages * page * hkv * d];
-            let mut vf = kf.clone();
-            append(
-                &kt,
-                &vt,
-                &mut TensorMut::bshd(&mut kf, pool).unwrap(),
-                &mut TensorMut::bshd(&mut vf, pool).unwrap(),
-                &slots,
-                None,
-                Some((&rope, &positions)),
-            )
-            .unwrap();
-            let mut k8 = vec![i8::MIN; pages * page * hkv * d];
-            let mut v8 = k8.clone();
-            let mut ks = vec![-1.0f32; pages * page * hkv];
-            let mut vs = ks.clone();
-            let sd = [pages, page, hkv, 1];
-            append(
-                &kt,
-                &vt,
-                &mut TensorMut::bshd(&mut k8, pool).unwrap(),
-                &mut TensorMut::bshd(&mut v8, pool).unwrap(),
-                &slots,
-                Some((
-                    &mut TensorMut::bshd(&mut ks, sd).unwrap(),
-                    &mut TensorMut::bshd(&mut vs, sd).unwrap(),
-                )),
-                Some((&rope, &positions)),
-            )
-            .unwrap();
-            let mut g8 = vec![i8::MIN; pages * page * hkv * d];
-            let mut w8 = g8.clone();
-            let g = Tensor::bshd(&given, [1, 1, 1, 1]).unwrap();
-            append_scaled(
-                &kt,
-                &vt,
-                &mut TensorMut::bshd(&mut g8, pool).unwrap(),
-                &mut TensorMut::bshd(&mut w8, pool).unwrap(),
-                &slots,
-                &g,
-                &g,
-                None,
-            )
-            .unwrap();
-            let f16_bits: Vec<u16> = kf.iter().chain(&vf).map(|x| x.to_bits()).collect();
-            let scale_bits: Vec<u32> = ks.iter().chain(&vs).map(|x| x.to_bits()).collect();
-            (f16_bits, [k8, v8, g8, w8], scale_bits)
-        })
-    };
-    let one = in_pool(1);
-    let unwritten = (pages * page - n) * hkv * d;
-    let sentinel = f16::from_f32(9.0).to_bits();
+    let run = |threads| append_on(threads, [n, hkv, d], [pages, page], &slots, &positions);
+    let (one, (_, v)) = run(1);
+    let unwritten = 2 * (pages * page - n) * hkv * d;
+    let sentinel = f16::from_f32(F16_UNWRITTEN).to_bits();
     assert_eq!(
-        one.0.iter().filter(|&&b| b == sentinel).count(),
-        2 * unwritten
+        one.f16.iter().filter(|&&b| b == sentinel).count(),
+        unwritten
     );
-    for cache in &one.1 {
-        // -128 is never written (rows saturate at ±127).
+    for cache in [&one.i8, &one.given] {
         assert_eq!(cache.iter().filter(|&&q| q == i8::MIN).count(), unwritten);
     }
     // The given-scale rows: round(x / 0.004) saturated (|x| < 1: at most 250, so some clip).
-    let at = |t: usize, c: usize| {
-        let s = slots[t];
-        ((s / page * page + s % page) * hkv) * d + c
-    };
-    assert_eq!(one.1[3][at(5, 3)], quantize(v[5 * hkv * d + 3], 0.004));
+    let size = pages * page * hkv * d;
+    let at = |t: usize, c: usize| slots[t] * hkv * d + c;
+    assert_eq!(
+        one.given[size + at(5, 3)],
+        quantize(v[5 * hkv * d + 3], GIVEN)
+    );
     for threads in [2, 3] {
-        let many = in_pool(threads);
-        assert!(one == many, "{threads} threads");
+        assert!(run(threads).0 == one, "{threads} threads");
     }
 }
 

@@ -150,9 +150,9 @@ fn api_seeds() {
 }
 
 /// `append`'s parallel writes (under Miri the threshold is 64 values, so these 6 tokens × 2
-/// heads × 12 channels split over a 3-thread pool): f16 pages with RoPE and i8 pages with
-/// per-token scales, scattered slots, the same bits as on one thread and every slot's row
-/// where it belongs.
+/// heads × 6 channels split over a 3-thread pool): f16 pages with RoPE, i8 pages with
+/// per-token and given scales, scattered slots, the same bits as on one thread and every
+/// slot's row where it belongs.
 #[test]
 fn parallel_append() {
     // One case: shard 0's.
@@ -161,72 +161,23 @@ fn parallel_append() {
 
 fn parallel_append_case() {
     use sdpa::half::f16;
-    use sdpa::{append, Rope, RopeStyle, Tensor, TensorMut};
+    use support::append::append_on;
     let (n, hkv, d, page, pages) = (6, 2, 6, 4, 3);
-    let pool = [pages, page, hkv, d];
-    let k = support::values::SplitMix::unit_values(n * hkv * d, 90);
-    let v = support::values::SplitMix::unit_values(n * hkv * d, 91);
     let slots = [9usize, 2, 4, 11, 0, 7];
     let positions = [5u32, 1, 0, 9, 3, 2];
-    let rope = Rope::new(RopeStyle::Interleaved, d, 100.0);
-    let run = |threads: usize| {
-        let pool_t = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool_t.install(|| {
-            let (kt, vt) = (
-                Tensor::bshd(&k, [1, n, hkv, d]).unwrap(),
-                Tensor::bshd(&v, [1, n, hkv, d]).unwrap(),
-            );
-            let mut kf = vec![f16::from_f32(7.0); pages * page * hkv * d];
-            let mut vf = kf.clone();
-            let (mut kc, mut vc) = (
-                TensorMut::bshd(&mut kf, pool).unwrap(),
-                TensorMut::bshd(&mut vf, pool).unwrap(),
-            );
-            append(
-                &kt,
-                &vt,
-                &mut kc,
-                &mut vc,
-                &slots,
-                None,
-                Some((&rope, &positions)),
-            )
-            .unwrap();
-            let mut k8 = vec![i8::MIN; pages * page * hkv * d];
-            let mut v8 = k8.clone();
-            let mut ks = vec![-1.0f32; pages * page * hkv];
-            let mut vs = ks.clone();
-            let sd = [pages, page, hkv, 1];
-            append(
-                &kt,
-                &vt,
-                &mut TensorMut::bshd(&mut k8, pool).unwrap(),
-                &mut TensorMut::bshd(&mut v8, pool).unwrap(),
-                &slots,
-                Some((
-                    &mut TensorMut::bshd(&mut ks, sd).unwrap(),
-                    &mut TensorMut::bshd(&mut vs, sd).unwrap(),
-                )),
-                None,
-            )
-            .unwrap();
-            (kf, vf, k8, v8, ks, vs)
-        })
-    };
-    let one = run(1);
-    assert!(run(3) == one, "the same bits on 3 threads");
-    // V went in unrotated: each slot holds its token's row.
+    let run = |threads| append_on(threads, [n, hkv, d], [pages, page], &slots, &positions);
+    let (one, (_, v)) = run(1);
+    assert!(run(3).0 == one, "the same bits on 3 threads");
+    // V went in unrotated: each slot holds its token's row (V's pool after K's).
+    let size = pages * page * hkv * d;
     for (t, &s) in slots.iter().enumerate() {
-        let row = |x: &[f16]| x[s * hkv * d..][..hkv * d].to_vec();
-        let want: Vec<f16> = v[t * hkv * d..][..hkv * d]
+        let row = &one.f16[size + s * hkv * d..][..hkv * d];
+        let want: Vec<u16> = v[t * hkv * d..][..hkv * d]
             .iter()
-            .map(|&x| f16::from_f32(x))
+            .map(|&x| f16::from_f32(x).to_bits())
             .collect();
-        assert_eq!(row(&one.1), want, "token {t}");
+        assert_eq!(row, &want[..], "token {t}");
     }
-    let unwritten = (pages * page - n) * hkv * d;
-    assert_eq!(one.2.iter().filter(|&&q| q == i8::MIN).count(), unwritten);
+    let unwritten = 2 * (pages * page - n) * hkv * d;
+    assert_eq!(one.i8.iter().filter(|&&q| q == i8::MIN).count(), unwritten);
 }

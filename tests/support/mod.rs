@@ -29,6 +29,7 @@
 //!   offsets valid and broken, against the documented errors, the dense call and the reference;
 //! * [`serving`]: serving episodes (append with RoPE, a `Plan` per step, two layers) against
 //!   `reference::append` and `reference::attention_varlen`;
+//! * [`append`]: `append` on a pool of a given size, for thread-count comparisons;
 //! * [`seeds`]: the named seed inputs written to `fuzz/corpus/<target>/`;
 //! * [`counting_alloc`]: the counting global allocator (`benches/support/counting_alloc.rs`).
 //!
@@ -38,6 +39,7 @@
 #![allow(dead_code)] // each includer uses a different part
 
 pub mod api;
+pub mod append;
 pub mod bytes;
 pub mod contract;
 #[path = "../../benches/support/counting_alloc.rs"]
