@@ -1,30 +1,22 @@
 //! A continuous-batching toy over paged K/V caches: `cargo run --release --example serving`.
 //!
-//! * Two layers, each with its own caches: page pools `[NUM_PAGES, PAGE, H_KV, D]` of f16
-//!   (layer 0) and of int8 with a scale per (token, kv head) (layer 1), sharing one block
-//!   table and free list. A sequence takes pages as it grows and gives them back when it
-//!   finishes, so later sequences reuse them in scrambled order.
-//! * Sequences arrive at different steps with random prompt lengths and are admitted when the
-//!   free list can hold them; prompts run in chunks of at most `CHUNK` tokens (chunked
-//!   prefill), then each sequence decodes one token per step and finishes after a few.
-//! * Each step: one [`Plan`] for the step's packed rows (prefill chunks and decode rows mixed,
-//!   offsets `cu_q`), its block table and its lengths (`cache_seqlens`: the keys before this
-//!   step's rows, FlashAttention-2's convention), which also gives the new rows' slots and
-//!   positions ([`Plan::new_rows`]); then per layer, [`append`] writes the new
-//!   tokens' K (rotated by the model's [`Rope`]) and V into their slots, converted to the
-//!   cache's type (int8 rows with their scales), Q is rotated alike, and [`Plan::run`] does
-//!   the layer's attention: causal, bottom-right, every sequence in one call.
-//! * Every layer's rows (out and LSE) are checked against the f64 reference over the same
-//!   pages (`reference::attention_varlen`), within its bound per row
-//!   (`reference::error_bounds_varlen`); a miss panics. One line per step: the worst error /
-//!   bound.
+//! Two layers over one block table and free list: page pools `[NUM_PAGES, PAGE, H_KV, D]` of
+//! f16 (layer 0) and of int8 with a scale per (token, kv head) (layer 1). Sequences arrive at
+//! different steps, are admitted when the free list can hold them, prefill their prompts in
+//! chunks of at most `CHUNK` tokens, decode a few tokens and give their pages back (later ones
+//! reuse them in scrambled order). Each step: one [`Plan`] for the step's packed rows (prefill
+//! chunks and decode rows mixed; lengths before this step's rows, FlashAttention-2's
+//! `cache_seqlens`), which also gives the new rows' slots and positions; then per layer
+//! [`append`] writes the new K (rotated by the model's [`Rope`]) and V into their slots in the
+//! cache's type, Q is rotated alike, and [`Plan::run`] does the layer's causal attention.
+//! Every layer's rows (out and LSE) are held against the f64 reference over the same pages
+//! within their error bounds (`reference::compare_varlen`); a miss panics.
 //!
 //! GQA: 8 query heads over 2 K/V heads, head size 64, pages of 16 tokens.
 
 use sdpa::half::f16;
-use sdpa::reference;
-use sdpa::{append, Alignment, Error, Heads, KvElement, Layer, Options, Plan, Rope, RopeStyle};
-use sdpa::{PagedKv, StepKv, Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::{append, reference, Alignment, Error, Heads, KvElement, Layer, Options, PagedKv};
+use sdpa::{Plan, Rope, RopeStyle, StepKv, Tensor, TensorMut, VarlenKv, Workspace};
 
 const H: usize = 8; // query heads
 const H_KV: usize = 2; // K/V heads (GQA: 4 query heads per K/V head)
@@ -32,6 +24,8 @@ const D: usize = 64; // head size
 const PAGE: usize = 16; // tokens per page
 const NUM_PAGES: usize = 40; // the pool: fewer than all sequences need at once
 const CHUNK: usize = 64; // most prompt tokens per sequence per step
+const POOL: [usize; 4] = [NUM_PAGES, PAGE, H_KV, D]; // a K or V pool's dims
+const SCALES: [usize; 4] = [NUM_PAGES, PAGE, H_KV, 1]; // an int8 pool's scales
 
 /// splitmix64: deterministic values without dependencies.
 struct Rng(u64);
@@ -45,9 +39,11 @@ impl Rng {
     fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next() % (hi - lo) as u64) as usize
     }
-    /// Uniform in [−1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    /// `n` values uniform in [−1, 1).
+    fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect()
     }
 }
 
@@ -59,111 +55,69 @@ struct Seq {
     pages: Vec<u32>, // block table row: key t is slot t % PAGE of page pages[t / PAGE]
 }
 
-/// One layer's caches: K/V pools of `T` and, for int8, their scale pools.
+/// One layer's K and V pools of `T` and, for int8, their scale pools.
 struct Caches<T> {
     k: Vec<T>,
     v: Vec<T>,
-    scales: Option<(Vec<f32>, Vec<f32>)>,
+    scales: Option<[Vec<f32>; 2]>,
 }
 
-impl<T: KvElement + Default> Caches<T> {
-    fn new(quantized: bool) -> Self {
-        let scales = vec![0.0f32; NUM_PAGES * PAGE * H_KV];
-        Caches {
-            k: vec![T::default(); NUM_PAGES * PAGE * H_KV * D],
-            v: vec![T::default(); NUM_PAGES * PAGE * H_KV * D],
-            scales: quantized.then(|| (scales.clone(), scales)),
-        }
-    }
+/// What every layer of a step shares: the packed rows' offsets, the block table and its row
+/// length, the options (with the lengths), and the new rows' slots and positions.
+struct Step<'s> {
+    cu_q: &'s [usize],
+    table: &'s [u32],
+    pps: usize,
+    opts: &'s Options<'s>,
+    new_rows: (&'s [usize], &'s [u32]),
 }
-
-/// The dims of a pool and of a scale pool.
-const POOL: [usize; 4] = [NUM_PAGES, PAGE, H_KV, D];
-const SCALES: [usize; 4] = [NUM_PAGES, PAGE, H_KV, 1];
-
-/// What every layer of a step shares: the packed rows' offsets, the block table (and its row
-/// length), the options, and the new rows' slots and positions.
-type StepRows<'s> = (
-    &'s [usize],
-    &'s [u32],
-    usize,
-    &'s Options<'s>,
-    &'s [usize],
-    &'s [u32],
-);
 
 /// One layer of a step: the new tokens' K/V appended (K rotated), Q rotated, the plan run, and
-/// the rows checked against the f64 reference over the same pages. Returns the worst error /
-/// bound.
-fn layer<T: KvElement + Default>(
-    caches: &mut Caches<T>,
-    plan: &mut Plan<'_>,
-    (cu_q, table, pps, opts, slots, positions): StepRows<'_>,
-    rope: &Rope<'_>,
+/// the rows held against the f64 reference. Returns the worst error / bound.
+fn layer<T: KvElement>(
+    c: &mut Caches<T>,
+    plan: &mut Plan,
+    s: &Step,
     rng: &mut Rng,
 ) -> Result<f64, Error> {
-    let n = slots.len();
-    let (k_new, v_new): (Vec<f32>, Vec<f32>) =
-        (0..n * H_KV * D).map(|_| (rng.unit(), rng.unit())).unzip();
-    let mut q: Vec<f32> = (0..n * H * D).map(|_| rng.unit()).collect();
-    let (kn, vn) = (
-        Tensor::bshd(&k_new, [1, n, H_KV, D])?,
-        Tensor::bshd(&v_new, [1, n, H_KV, D])?,
-    );
+    let ((slots, positions), n) = (s.new_rows, s.new_rows.0.len());
+    let rope = Rope::new(RopeStyle::Halves, D, 10_000.0); // Llama's rotary embedding
+    let (k_new, v_new) = (rng.values(n * H_KV * D), rng.values(n * H_KV * D));
+    let mut q = rng.values(n * H * D);
+    let new_rows = |x| Tensor::bshd(x, [1, n, H_KV, D]);
     let (mut kc, mut vc) = (
-        TensorMut::bshd(&mut caches.k, POOL)?,
-        TensorMut::bshd(&mut caches.v, POOL)?,
+        TensorMut::bshd(&mut c.k, POOL)?,
+        TensorMut::bshd(&mut c.v, POOL)?,
     );
-    let mut scales = match &mut caches.scales {
-        Some((ks, vs)) => Some((TensorMut::bshd(ks, SCALES)?, TensorMut::bshd(vs, SCALES)?)),
+    let mut scales = match &mut c.scales {
+        Some([k, v]) => Some((TensorMut::bshd(k, SCALES)?, TensorMut::bshd(v, SCALES)?)),
         None => None,
     };
-    let scale_views = scales.as_mut().map(|(k, v)| (k, v));
-    append(
-        &kn,
-        &vn,
-        &mut kc,
-        &mut vc,
-        slots,
-        scale_views,
-        Some((rope, positions)),
-    )?;
+    let scales = scales.as_mut().map(|(k, v)| (k, v));
+    let (k_rows, v_rows, rope_at) = (
+        new_rows(&k_new)?,
+        new_rows(&v_new)?,
+        Some((&rope, positions)),
+    );
+    append(&k_rows, &v_rows, &mut kc, &mut vc, slots, scales, rope_at)?;
     rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, positions)?;
 
-    let (qv, kp, vp) = (
-        Tensor::bshd(&q, [1, n, H, D])?,
-        Tensor::bshd(&caches.k, POOL)?,
-        Tensor::bshd(&caches.v, POOL)?,
-    );
-    let (mut this_layer, mut ref_opts) = (Layer::new(), opts.clone());
-    if let Some((ks, vs)) = &caches.scales {
+    let q = Tensor::bshd(&q, [1, n, H, D])?;
+    let (k, v) = (Tensor::bshd(&c.k, POOL)?, Tensor::bshd(&c.v, POOL)?);
+    let (mut this_layer, mut opts) = (Layer::new(), s.opts.clone());
+    if let Some([ks, vs]) = &c.scales {
         let (ks, vs) = (Tensor::bshd(ks, SCALES)?, Tensor::bshd(vs, SCALES)?);
-        (this_layer, ref_opts) = (this_layer.kv_scales(ks, vs), ref_opts.kv_scales(ks, vs));
+        (this_layer, opts) = (this_layer.kv_scales(ks, vs), opts.kv_scales(ks, vs));
     }
     let (mut out, mut lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
-    let mut ov = TensorMut::bshd(&mut out, [1, n, H, D])?;
-    plan.run(&qv, &kp, &vp, &mut ov, Some(&mut lse), &this_layer)?;
+    let mut out_view = TensorMut::bshd(&mut out, [1, n, H, D])?;
+    plan.run(&q, &k, &v, &mut out_view, Some(&mut lse), &this_layer)?;
 
-    // The f64 reference over the same pages, and its error bound per row.
-    let kv = VarlenKv::Paged(PagedKv::new(kp, vp, table, pps)?);
-    let (mut want, mut want_lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
-    let mut wv = TensorMut::bshd(&mut want, [1, n, H, D])?;
-    reference::attention_varlen(&qv, cu_q, &kv, &mut wv, Some(&mut want_lse), &ref_opts)?;
-    let bounds = reference::error_bounds_varlen(&qv, cu_q, &kv, &ref_opts)?;
-    let mut worst = 0.0f64;
-    for (h, t) in (0..H).flat_map(|h| (0..n).map(move |t| (h, t))) {
-        let bound = bounds[h * n + t];
-        let row = (t * H + h) * D..(t * H + h + 1) * D;
-        let lse_err = (f64::from(lse[h * n + t]) - f64::from(want_lse[h * n + t])).abs();
-        let out_err = (out[row.clone()].iter().zip(&want[row]))
-            .map(|(a, b)| (f64::from(*a) - f64::from(*b)).abs())
-            .fold(0.0, f64::max);
-        let what = format!("{} cache, row {t} head {h}", T::NAME);
-        assert!(lse_err <= bound.lse, "{what}: LSE off by {lse_err:e}");
-        assert!(out_err <= bound.out, "{what}: out off by {out_err:e}");
-        worst = worst.max(lse_err / bound.lse).max(out_err / bound.out);
-    }
-    Ok(worst)
+    let kv = VarlenKv::Paged(PagedKv::new(k, v, s.table, s.pps)?);
+    let out = Tensor::bshd(&out, [1, n, H, D])?;
+    let off = reference::compare_varlen(&q, s.cu_q, &kv, &out, Some(&lse), &opts)?;
+    assert!(off.within_bound(), "{}: {off:?}", T::NAME);
+    Ok(off.ratio)
 }
 
 fn main() -> Result<(), Error> {
@@ -172,12 +126,20 @@ fn main() -> Result<(), Error> {
     let mut waiting: Vec<(usize, usize, usize)> = (0..5)
         .map(|i| (3 * i + rng.range(0, 3), rng.range(5, 300), rng.range(2, 8)))
         .collect();
-    let mut f16_layer = Caches::<f16>::new(false);
-    let mut i8_layer = Caches::<i8>::new(true);
+    let n = NUM_PAGES * PAGE * H_KV;
+    let (zeros, no) = (|| vec![0.0; n], None);
+    let mut f16_layer = Caches {
+        k: vec![f16::ZERO; n * D],
+        v: vec![f16::ZERO; n * D],
+        scales: no,
+    };
+    let mut i8_layer = Caches {
+        k: vec![0; n * D],
+        v: vec![0; n * D],
+        scales: Some([zeros(), zeros()]),
+    };
     let mut free: Vec<u32> = (0..NUM_PAGES as u32).rev().collect(); // pop() hands out page 0 first
-    let mut running: Vec<Seq> = Vec::new();
-    let mut ws = Workspace::new(); // kernel memory, kept across steps
-    let rope = Rope::new(RopeStyle::Halves, D, 10_000.0); // Llama's rotary embedding
+    let (mut running, mut ws) = (Vec::<Seq>::new(), Workspace::new()); // kernel memory, kept
     let heads = Heads {
         heads: H,
         kv_heads: H_KV,
@@ -205,8 +167,7 @@ fn main() -> Result<(), Error> {
             next_id += 1;
         }
         if running.is_empty() {
-            println!("step {step:2}: idle");
-            step += 1;
+            (step, _) = (step + 1, println!("step {step:2}: idle"));
             continue;
         }
         // Schedule: a prefill chunk or one decode row per sequence, and its pages.
@@ -220,61 +181,49 @@ fn main() -> Result<(), Error> {
             s.len += n_new;
             cu_q.push(cu_q.last().unwrap() + n_new);
         }
-        let total_q = *cu_q.last().unwrap();
         // Block table `[B][pages_per_seq]`, rows padded with 0 (never read past a length).
         let pps = running.iter().map(|s| s.pages.len()).max().unwrap_or(0);
         let mut table = vec![0u32; running.len() * pps];
         for (row, s) in table.chunks_mut(pps).zip(&running) {
             row[..s.pages.len()].copy_from_slice(&s.pages);
         }
-        // One plan for the step, one run per layer.
+        // One plan for the step (it places the new rows), one run per layer.
+        let opts = Options::new()
+            .causal(Alignment::BottomRight)
+            .cache_seqlens(&cached);
         let kv = StepKv::Paged {
             block_table: &table,
             pages_per_seq: pps,
             page_size: PAGE,
         };
-        let opts = Options::new()
-            .causal(Alignment::BottomRight)
-            .cache_seqlens(&cached);
         let mut plan = Plan::in_workspace(&mut ws, &cu_q, kv, heads, &opts)?;
-        // The new rows' slots (for `append`) and positions (for RoPE), after the cached keys.
+        let total_q = *cu_q.last().unwrap();
         let (mut slots, mut positions) = (vec![0; total_q], vec![0; total_q]);
         plan.new_rows(&mut slots, &mut positions)?;
-        let step_rows = (
-            &cu_q[..],
-            &table[..],
+        let s = Step {
+            cu_q: &cu_q,
+            table: &table,
             pps,
-            &opts,
-            &slots[..],
-            &positions[..],
-        );
-        let worst = layer(&mut f16_layer, &mut plan, step_rows, &rope, &mut rng)?.max(layer(
-            &mut i8_layer,
-            &mut plan,
-            step_rows,
-            &rope,
-            &mut rng,
-        )?);
-        drop(plan);
+            opts: &opts,
+            new_rows: (&slots, &positions),
+        };
+        let worst = layer(&mut f16_layer, &mut plan, &s, &mut rng)?;
+        let worst = worst.max(layer(&mut i8_layer, &mut plan, &s, &mut rng)?);
         let prefill = running.iter().filter(|s| s.len <= s.prompt).count();
-        println!(
-            "step {step:2}: {} running ({prefill} prefill, {} decode), {total_q:3} rows, max err/bound {worst:.3}",
-            running.len(),
-            running.len() - prefill
-        );
+        let decode = running.len() - prefill;
+        println!("step {step:2}: {prefill} prefill, {decode} decode, {total_q:3} rows, {worst:.3}");
         // Finished sequences give their pages back.
-        running.retain_mut(|s| {
-            if s.len < s.total {
-                return true;
-            }
+        for s in running.iter_mut().filter(|s| s.len == s.total) {
             println!("         seq {} done, pages {:?} freed", s.id, s.pages);
             free.append(&mut s.pages);
-            false
-        });
+        }
+        running.retain(|s| s.len < s.total);
         step += 1;
     }
     assert_eq!(free.len(), NUM_PAGES, "every page back on the free list");
-    let kib = ws.bytes() / 1024;
-    println!("done: {step} steps, f16 and int8 caches, workspace {kib} KiB");
+    println!(
+        "done: {step} steps, f16 and int8 caches, workspace {} KiB",
+        ws.bytes() / 1024
+    );
     Ok(())
 }

@@ -18,6 +18,7 @@ mod support;
 
 mod append;
 mod bf16_products;
+mod compare;
 mod decode;
 mod differential;
 mod edge_cases;
