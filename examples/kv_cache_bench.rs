@@ -16,8 +16,11 @@
 //!    against caches of up to ~1000 keys, and 48 decode rows against 512–4096 keys.
 //!
 //! 4. A step's plan against today's calls: 64 decode rows against 64–512 keys in 16-token
-//!    pages (f16 pools), and against 1–16 keys (where the call's own costs show), one [`Plan`] per step run for each of 8 layers, against one
-//!    `attention_varlen` call per layer (both with a workspace). Reports per-layer times.
+//!    pages (f16 pools), and against 1–16 keys (where the call's own costs show), one
+//!    [`Plan`] per step run for each of 8 layers, against one `attention_varlen` call per
+//!    layer (both with a workspace). Reports per-layer times, and per-layer overheads: what a
+//!    call repeats (validation and schedule: a plan's construction) and what a run still does
+//!    (its checks: runs of a plan of the same sequences without query rows).
 //! 5. Cost follows the work: a packed batch of one 1024-row causal prefill sequence among
 //!    20,000 sequences without rows, against the sequence alone.
 //! 6. [`append`] of a 4096-token prompt (f32 rows, H_kv = 8, d = 128, K rotated) into
@@ -305,6 +308,65 @@ fn planned_step(rounds: usize, (min_keys, max_keys): (usize, usize)) {
         planned / LAYERS as f64 * 1e6,
         planned / plain
     );
+
+    // The overheads beside the kernel's work: what a call repeats every layer (validation and
+    // scheduling, which is what building a plan does) and what a plan's run still does (its
+    // per-layer checks and the kernel's entry: runs of a plan of the same sequences and
+    // lengths without query rows, which schedule no work).
+    const REPS: usize = 200;
+    let step = StepKv::Paged {
+        block_table: &table,
+        pages_per_seq,
+        page_size: PAGE,
+    };
+    let per_call = |f: &mut dyn FnMut()| {
+        let t: Vec<f64> = (0..rounds.max(3)).map(|_| time(&mut *f)).collect();
+        median(t) / REPS as f64
+    };
+    let building = per_call(&mut || {
+        for _ in 0..REPS {
+            let plan = Plan::in_workspace(&mut ws_b, &cu_q, step, heads, &opts).unwrap();
+            std::hint::black_box(&plan);
+        }
+    });
+    let cu_none = vec![0usize; b + 1];
+    let no_rows: Vec<f32> = Vec::new();
+    let q_none = Tensor::bshd(&no_rows, [1, 0, H, D]).unwrap();
+    let mut out_none: Vec<f32> = Vec::new();
+    let mut empty = Plan::in_workspace(&mut ws_b, &cu_none, step, heads, &opts).unwrap();
+    let (k, v) = &pools[0];
+    let checks = per_call(&mut || {
+        for _ in 0..REPS {
+            let mut o = TensorMut::bshd(&mut out_none, [1, 0, H, D]).unwrap();
+            empty
+                .run(&q_none, &pool(k), &pool(v), &mut o, None, &Layer::new())
+                .unwrap();
+        }
+    });
+    // i8 pools: both paths check the layer's scales where the lengths reach.
+    let i8_pool = vec![1i8; pages * PAGE * row];
+    let scales = vec![0.01f32; pages * PAGE * H_KV];
+    let scale_pool = Tensor::bshd(&scales, [pages, PAGE, H_KV, 1]).unwrap();
+    let i8_layer = Layer::new().kv_scales(scale_pool, scale_pool);
+    let i8_view = Tensor::bshd(&i8_pool, [pages, PAGE, H_KV, D]).unwrap();
+    let i8_checks = per_call(&mut || {
+        for _ in 0..REPS {
+            let mut o = TensorMut::bshd(&mut out_none, [1, 0, H, D]).unwrap();
+            empty
+                .run(&q_none, &i8_view, &i8_view, &mut o, None, &i8_layer)
+                .unwrap();
+        }
+    });
+    for (what, checks) in [("f16", checks), ("i8 with scales", i8_checks)] {
+        println!(
+            "  per-layer overhead, {what}: calls {:.2} µs (validation and schedule {:.2} + checks {:.2}), plan {:.2} µs (checks), plan/calls overhead {:.2}",
+            (building + checks) * 1e6,
+            building * 1e6,
+            checks * 1e6,
+            checks * 1e6,
+            checks / (building + checks)
+        );
+    }
 }
 
 /// Case 5: a long sequence among many without rows, against it alone.
