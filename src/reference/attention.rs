@@ -1,13 +1,13 @@
 //! The reference's attention over every layout: dense, paged and packed operands read where
 //! the calls read them, each (sequence, head) computed from its whole score matrix in f64.
 
+use super::rows::{dots, erase_kv, max_keys, paged_kv, row_index, varlen_kv, weighted_sum, write};
 use crate::element::{Element, KvElement};
 use crate::error::Error;
 use crate::kv_cache::{AnyKv, PagedKv, RowMap, VarlenKv};
 use crate::options::Options;
 use crate::problem::Problem;
 use crate::tensor::{AnyTensor, AnyTensorMut, Tensor, TensorMut};
-use super::rows::{dots, erase_kv, max_keys, paged_kv, row_index, varlen_kv, weighted_sum, write};
 
 /// Reference attention: `out = softmax(Q·Kᵀ·scale) · V` with the semantics of
 /// [`crate::attention`], computed in f64 with the whole score matrix in memory.
