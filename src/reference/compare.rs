@@ -4,10 +4,10 @@
 use super::attention::{attention_lse, attention_varlen};
 use super::bounds::{error_bounds, error_bounds_varlen, ErrorBound};
 use crate::element::{Element, KvElement};
-use crate::error::{Error, Operand};
+use crate::error::Error;
 use crate::kv_cache::VarlenKv;
 use crate::options::Options;
-use crate::problem::expect;
+use crate::problem::Problem;
 use crate::tensor::{Tensor, TensorMut};
 
 /// How far a result lies from the f64 reference, relative to its [`ErrorBound`]: the worst
@@ -63,9 +63,9 @@ impl Deviation {
 /// [`ErrorBound::for_output`]).
 ///
 /// # Errors
-/// As [`attention_lse`] for the operands and options (`out` is checked as the call's output, with [`Error::ShapeMismatch`]),
-/// [`Error::LengthMismatch`] for an `lse` of another length than `B · H · n_q`, and
-/// [`Error::OutOfMemory`] when the reference's output cannot be allocated.
+/// As [`crate::attention_lse`] (`out` is checked as its output, `lse` as its LSE, before
+/// anything is computed), plus [`Error::ScoreMatrixTooLarge`] and [`Error::TooManyRows`] from the reference
+/// and its bounds, and [`Error::OutOfMemory`] when the reference's output cannot be allocated.
 pub fn compare<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     k: &Tensor<'_, KV>,
@@ -74,11 +74,12 @@ pub fn compare<Q: Element, KV: KvElement, O: Element>(
     lse: Option<&[f32]>,
     opts: &Options<'_>,
 ) -> Result<Deviation, Error> {
-    // The bounds first: they check the operands and options without an output.
-    let bounds = error_bounds(q, k, v, opts)?;
-    let [b, n_q, h, _] = q.dims();
-    let dims = [b, n_q, h, v.dims()[3]];
-    expect(Operand::Output, out.dims(), dims)?;
+    // The call's checks first (`out` as its output, `lse` its length), before any work.
+    Problem::new(q, k, v, out.dims(), lse, opts)?;
+    let (dims, n_q) = (out.dims(), out.dims()[1]);
+    if dims[..3].contains(&0) {
+        return Ok(Deviation::NONE); // no row (whatever the other dims: they need no storage)
+    }
     let (mut want, mut want_lse) = buffers(dims)?;
     attention_lse(
         q,
@@ -88,7 +89,8 @@ pub fn compare<Q: Element, KV: KvElement, O: Element>(
         &mut want_lse,
         opts,
     )?;
-    deviation(out, lse, &want, &want_lse, &bounds, 0..n_q)
+    let bounds = error_bounds(q, k, v, opts)?;
+    Ok(deviation(out, lse, &want, &want_lse, &bounds, 0..n_q))
 }
 
 /// Compares a result of [`crate::attention_varlen`] (or of a [`Plan`](crate::Plan)'s run:
@@ -98,9 +100,9 @@ pub fn compare<Q: Element, KV: KvElement, O: Element>(
 /// not compared (the call does not write them).
 ///
 /// # Errors
-/// As [`attention_varlen`] for the operands and options (`out` is checked as the call's
-/// output), [`Error::LengthMismatch`] for an `lse` of another length than `H · total_q`, and
-/// [`Error::OutOfMemory`] when the reference's output cannot be allocated.
+/// As [`crate::attention_varlen`] (`out` is checked as its output, `lse` as its LSE, before
+/// anything is computed), plus [`Error::ScoreMatrixTooLarge`] and [`Error::TooManyRows`] from the reference
+/// and its bounds, and [`Error::OutOfMemory`] when the reference's output cannot be allocated.
 pub fn compare_varlen<Q: Element, KV: KvElement, O: Element>(
     q: &Tensor<'_, Q>,
     cu_seqlens_q: &[usize],
@@ -109,27 +111,26 @@ pub fn compare_varlen<Q: Element, KV: KvElement, O: Element>(
     lse: Option<&[f32]>,
     opts: &Options<'_>,
 ) -> Result<Deviation, Error> {
-    let bounds = error_bounds_varlen(q, cu_seqlens_q, kv, opts)?;
-    let d_v = match kv {
-        VarlenKv::Packed(p) => p.v.dims()[3],
-        VarlenKv::Paged(p) => p.v.dims()[3],
-    };
-    let [one, total_q, h, _] = q.dims();
-    let dims = [one, total_q, h, d_v];
-    expect(Operand::Output, out.dims(), dims)?;
+    // The call's checks first (`out` as its output, `lse` its length), before any work.
+    Problem::new_varlen(q, cu_seqlens_q, kv, out.dims(), lse, opts)?;
+    let dims = out.dims();
+    if dims[..3].contains(&0) {
+        return Ok(Deviation::NONE); // no row (whatever the other dims: they need no storage)
+    }
     let (mut want, mut want_lse) = buffers(dims)?;
     let mut view = TensorMut::bshd(&mut want, dims)?;
     attention_varlen(q, cu_seqlens_q, kv, &mut view, Some(&mut want_lse), opts)?;
+    let bounds = error_bounds_varlen(q, cu_seqlens_q, kv, opts)?;
     // Validated above: offsets non-decreasing, the last at most `total_q`.
     let rows = match (cu_seqlens_q.first(), cu_seqlens_q.last()) {
         (Some(&first), Some(&last)) => first..last,
         _ => 0..0,
     };
-    deviation(out, lse, &want, &want_lse, &bounds, rows)
+    Ok(deviation(out, lse, &want, &want_lse, &bounds, rows))
 }
 
-/// The reference's output and LSE for an output of `dims` (checked against Q and V: the
-/// bounds of as many rows were allocated; allocations fallible all the same).
+/// The reference's output and LSE for an output of `dims` (checked as the call's output, so
+/// against Q and V; allocations fallible all the same).
 fn buffers([b, n_q, h, d_v]: [usize; 4]) -> Result<(Vec<f32>, Vec<f32>), Error> {
     let rows = b.checked_mul(h).and_then(|x| x.checked_mul(n_q));
     let elements = rows.and_then(|x| x.checked_mul(d_v));
@@ -147,7 +148,7 @@ fn buffers([b, n_q, h, d_v]: [usize; 4]) -> Result<(Vec<f32>, Vec<f32>), Error> 
 
 /// The worst deviation of `out` (and `lse`) from the reference's `want` (contiguous, `out`'s
 /// dims) and `want_lse`, over the rows `rows` of every batch and head; `bounds` and both LSEs
-/// laid out `[B, H, n_q]`.
+/// laid out `[B, H, n_q]` (`lse` of that length, checked).
 fn deviation<O: Element>(
     out: &Tensor<'_, O>,
     lse: Option<&[f32]>,
@@ -155,17 +156,8 @@ fn deviation<O: Element>(
     want_lse: &[f32],
     bounds: &[ErrorBound],
     rows: std::ops::Range<usize>,
-) -> Result<Deviation, Error> {
+) -> Deviation {
     let [b, n_q, h, d_v] = out.dims();
-    if let Some(lse) = lse {
-        if lse.len() != want_lse.len() {
-            return Err(Error::LengthMismatch {
-                operand: Operand::Lse,
-                expected: want_lse.len(),
-                got: lse.len(),
-            });
-        }
-    }
     let mut worst = Deviation::NONE;
     for (batch, head) in (0..b).flat_map(|batch| (0..h).map(move |head| (batch, head))) {
         for row in rows.clone() {
@@ -185,5 +177,5 @@ fn deviation<O: Element>(
             }
         }
     }
-    Ok(worst)
+    worst
 }

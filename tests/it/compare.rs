@@ -218,3 +218,15 @@ fn varlen_compares_the_calls_rows_and_skips_rows_outside_every_sequence() {
         "{err:?}"
     );
 }
+
+#[test]
+fn no_rows_compare_as_nothing_off_whatever_the_other_dims() {
+    // Batch 0 beside enormous broadcast dims (as the api fuzz target draws them): no row to
+    // compare, and nothing allocated for the dims that hold none.
+    let none: [f32; 0] = [];
+    let q = Tensor::new(&none, [0, 1 << 62, H, D], [0; 4]).unwrap();
+    let kv = Tensor::new(&none, [0, N_KV, H_KV, D], [0; 4]).unwrap();
+    let out = Tensor::new(&none, [0, 1 << 62, H, D], [0; 4]).unwrap();
+    let dev = reference::compare(&q, &kv, &kv, &out, Some(&[]), &Options::new()).unwrap();
+    assert_eq!((dev.ratio, dev.within_bound()), (0.0, true));
+}

@@ -921,6 +921,19 @@ fn check_calls(
             &|o, l| sdpa::reference::attention_lse(&q, &k, &v, o, l.expect("lse"), &opts),
         );
     }
+    if !ok_lse || reference_cheap {
+        // `reference::compare` reads the output the call would write: the call's checks,
+        // before any work (so `Ok` or one of its errors).
+        let out = fresh_out(out_data);
+        let lse_buf = vec![0.0f32; lse_len];
+        if let Ok(view) = make_view(&case.views[3], od, &out) {
+            let r = sdpa::reference::compare(&q, &k, &v, &view, Some(&lse_buf), &opts);
+            let r = r.map(|d| assert!(!d.ratio.is_nan(), "reference::compare: a NaN ratio"));
+            if !r.as_ref().is_err_and(|e| opt_data.may_refuse(e)) {
+                assert_one_of("reference::compare", &r, &e_lse);
+            }
+        }
+    }
     if !e_bounds.is_empty() || (cheap && mul(&[batch, heads, n_q]) <= WORK_BUDGET) {
         let r = sdpa::reference::error_bounds(&q, &k, &v, &opts).map(|b| {
             assert_eq!(b.len(), batch * heads * n_q, "error_bounds length");
