@@ -14,6 +14,7 @@ use crate::error::{Dim, Error, Operand};
 use crate::fused;
 use crate::kv_cache::{PackedKv, PagedKv, RowMap, TensorKv, VarlenKv};
 use crate::options::Options;
+use crate::pool::KvPool;
 use crate::problem::{bf16_inputs, check_sinks, expect, Problem};
 use crate::tensor::{Tensor, TensorMut};
 use crate::workspace::Workspace;
@@ -110,6 +111,13 @@ impl<'l> Layer<'l> {
         self.sinks = Some(sinks);
         self
     }
+}
+
+/// A layer's `i8` scales: to be checked where the lengths reach ([`Layer::kv_scales`]), or
+/// known valid (a [`KvPool`]'s).
+enum Scales<'l> {
+    Check(Option<(Tensor<'l, f32>, Tensor<'l, f32>)>),
+    Known(Option<(Tensor<'l, f32>, Tensor<'l, f32>)>),
 }
 
 /// One step's attention, validated and scheduled once, run per layer (module docs).
@@ -409,6 +417,55 @@ impl<'s> Plan<'s> {
         lse: Option<&mut [f32]>,
         layer: &Layer<'_>,
     ) -> Result<(), Error> {
+        self.run_layer(
+            q,
+            (k, v),
+            out,
+            lse,
+            layer.sinks,
+            Scales::Check(layer.kv_scales),
+        )
+    }
+
+    /// [`Plan::run`] on a layer's [`KvPool`] (a paged step's pools): the same result, bit for
+    /// bit, as [`Plan::run`] on its views with its scales, but the `i8` scales, valid by
+    /// construction, are not read to be checked (at 64 × 64–512 keys per layer that check was
+    /// 0.95 of a call's own overhead). `layer` brings sinks only: a pool's scales are its own.
+    ///
+    /// # Errors
+    /// As [`Plan::run`]; [`Error::KvScales`] for a `layer` with `kv_scales`.
+    pub fn run_pool<Q: Element, KV: KvElement, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        pool: &KvPool<KV>,
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+        layer: &Layer<'_>,
+    ) -> Result<(), Error> {
+        if layer.kv_scales.is_some() {
+            return Err(Error::KvScales { kv_type: KV::NAME });
+        }
+        let (k, v) = (pool.k(), pool.v());
+        self.run_layer(
+            q,
+            (&k, &v),
+            out,
+            lse,
+            layer.sinks,
+            Scales::Known(pool.scales()),
+        )
+    }
+
+    /// The body of [`Plan::run`] and [`Plan::run_pool`].
+    fn run_layer<Q: Element, KV: KvElement, O: Element>(
+        &mut self,
+        q: &Tensor<'_, Q>,
+        (k, v): (&Tensor<'_, KV>, &Tensor<'_, KV>),
+        out: &mut TensorMut<'_, O>,
+        lse: Option<&mut [f32]>,
+        sinks: Option<&[f32]>,
+        scales: Scales<'_>,
+    ) -> Result<(), Error> {
         let Heads {
             heads,
             kv_heads,
@@ -460,13 +517,16 @@ impl<'s> Plan<'s> {
             }
         };
         let mut problem = self.problem.clone();
-        if let Some(sinks) = layer.sinks {
+        if let Some(sinks) = sinks {
             check_sinks(sinks, heads)?;
             problem.sinks = Some(sinks);
         }
         problem.bf16_products = self.bf16_products && bf16_inputs::<Q, KV>();
         let kv = TensorKv { k: *k, v: *v, map };
-        problem.kv_scales = problem.layer_scales(&kv, layer.kv_scales)?;
+        problem.kv_scales = match scales {
+            Scales::Check(s) => problem.layer_scales(&kv, s)?,
+            Scales::Known(s) => Problem::known_scales(&kv, s)?,
+        };
         fused::run(
             self.memory.get(),
             &problem,

@@ -554,6 +554,23 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// [`Problem::layer_scales`] for scales known valid (a [`KvPool`](crate::KvPool)'s,
+    /// written only by `append`): present exactly for `i8` and broadcastable to K/V, their
+    /// values not read.
+    pub fn known_scales<KV: KvElement>(
+        kv: &TensorKv<'a, KV>,
+        scales: Option<(Tensor<'a, f32>, Tensor<'a, f32>)>,
+    ) -> Result<Option<KvScales<'a>>, Error> {
+        match scales {
+            Some((k, v)) if KV::QUANTIZED => Ok(Some(KvScales {
+                k: broadcast(&k, kv.k.dims(), Operand::KeyScales)?,
+                v: broadcast(&v, kv.v.dims(), Operand::ValueScales)?,
+            })),
+            None if !KV::QUANTIZED => Ok(None),
+            _ => Err(Error::KvScales { kv_type: KV::NAME }),
+        }
+    }
+
     /// [`check_scales`] for a paged cache: only the scales of the pages that the sequences'
     /// key lengths reach are read, so only those are checked (a pool shared by many
     /// sequences is not scanned on every call). After [`Problem::check_pages`].

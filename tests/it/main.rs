@@ -30,6 +30,7 @@ mod hardening;
 mod int8;
 mod kv_cache;
 mod kv_lens_alignment;
+mod kv_pool;
 mod miri;
 mod plan;
 mod pools;
