@@ -1,22 +1,19 @@
 //! A continuous-batching toy over paged K/V caches: `cargo run --release --example serving`.
 //!
-//! Two layers over one block table and free list: page pools `[NUM_PAGES, PAGE, H_KV, D]` of
-//! f16 (layer 0) and of int8 with a scale per (token, kv head) (layer 1). Sequences arrive at
-//! different steps, are admitted when the free list can hold them, prefill their prompts in
-//! chunks of at most `CHUNK` tokens, decode a few tokens and give their pages back (later ones
-//! reuse them in scrambled order). Each step: one [`Plan`] for the step's packed rows (prefill
-//! chunks and decode rows mixed; lengths before this step's rows, FlashAttention-2's
-//! `cache_seqlens`), which also gives the new rows' slots and positions; then per layer
-//! [`append`] writes the new K (rotated by the model's [`Rope`]) and V into their slots in the
-//! cache's type, Q is rotated alike, and [`Plan::run`] does the layer's causal attention.
-//! Every layer's rows (out and LSE) are held against the f64 reference over the same pages
-//! within their error bounds (`reference::compare_varlen`); a miss panics.
+//! Two layers, one block table and free list: a [`KvPool`] of f16 (layer 0) and one of int8
+//! with a scale per (token, kv head) (layer 1). Sequences arrive at different steps, are
+//! admitted when the free list can hold them, prefill in chunks of at most `CHUNK` tokens,
+//! decode a few tokens and give their pages back. Each step: one [`Plan`] for its packed rows
+//! (prefill chunks and decode rows; lengths before this step's rows, FlashAttention-2's
+//! `cache_seqlens`), which places the new rows; then per layer the new K (rotated by the
+//! [`Rope`]) and V are appended, Q is rotated alike, [`Plan::run_pool`] runs the layer's causal
+//! attention, and its rows are held against the f64 reference within their bounds.
 //!
 //! GQA: 8 query heads over 2 K/V heads, head size 64, pages of 16 tokens.
 
 use sdpa::half::f16;
-use sdpa::{append, reference, Alignment, Error, Heads, KvElement, Layer, Options, PagedKv};
-use sdpa::{Plan, Rope, RopeStyle, StepKv, Tensor, TensorMut, VarlenKv, Workspace};
+use sdpa::{reference, Alignment, Error, Heads, KvElement, KvPool, Layer, Options, Plan, Rope};
+use sdpa::{RopeStyle, StepKv, Tensor, TensorMut, VarlenKv, Workspace};
 
 const H: usize = 8; // query heads
 const H_KV: usize = 2; // K/V heads (GQA: 4 query heads per K/V head)
@@ -24,8 +21,6 @@ const D: usize = 64; // head size
 const PAGE: usize = 16; // tokens per page
 const NUM_PAGES: usize = 40; // the pool: fewer than all sequences need at once
 const CHUNK: usize = 64; // most prompt tokens per sequence per step
-const POOL: [usize; 4] = [NUM_PAGES, PAGE, H_KV, D]; // a K or V pool's dims
-const SCALES: [usize; 4] = [NUM_PAGES, PAGE, H_KV, 1]; // an int8 pool's scales
 
 /// splitmix64: deterministic values without dependencies.
 struct Rng(u64);
@@ -41,9 +36,8 @@ impl Rng {
     }
     /// `n` values uniform in [−1, 1).
     fn values(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-            .collect()
+        let mut unit = || (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        (0..n).map(|_| unit()).collect()
     }
 }
 
@@ -53,13 +47,6 @@ struct Seq {
     total: usize, // prompt + generated tokens: finished when the cache holds this many
     len: usize,   // tokens whose K/V are in the cache
     pages: Vec<u32>, // block table row: key t is slot t % PAGE of page pages[t / PAGE]
-}
-
-/// One layer's K and V pools of `T` and, for int8, their scale pools.
-struct Caches<T> {
-    k: Vec<T>,
-    v: Vec<T>,
-    scales: Option<[Vec<f32>; 2]>,
 }
 
 /// What every layer of a step shares: the packed rows' offsets, the block table and its row
@@ -72,10 +59,10 @@ struct Step<'s> {
     new_rows: (&'s [usize], &'s [u32]),
 }
 
-/// One layer of a step: the new tokens' K/V appended (K rotated), Q rotated, the plan run, and
-/// the rows held against the f64 reference. Returns the worst error / bound.
+/// One layer of a step: the new tokens' K/V appended to its pool (K rotated), Q rotated, the
+/// plan run, and the rows held against the f64 reference. Returns the worst error / bound.
 fn layer<T: KvElement>(
-    c: &mut Caches<T>,
+    pool: &mut KvPool<T>,
     plan: &mut Plan,
     s: &Step,
     rng: &mut Rng,
@@ -83,37 +70,23 @@ fn layer<T: KvElement>(
     let ((slots, positions), n) = (s.new_rows, s.new_rows.0.len());
     let rope = Rope::new(RopeStyle::Halves, D, 10_000.0); // Llama's rotary embedding
     let (k_new, v_new) = (rng.values(n * H_KV * D), rng.values(n * H_KV * D));
-    let mut q = rng.values(n * H * D);
-    let new_rows = |x| Tensor::bshd(x, [1, n, H_KV, D]);
-    let (mut kc, mut vc) = (
-        TensorMut::bshd(&mut c.k, POOL)?,
-        TensorMut::bshd(&mut c.v, POOL)?,
-    );
-    let mut scales = match &mut c.scales {
-        Some([k, v]) => Some((TensorMut::bshd(k, SCALES)?, TensorMut::bshd(v, SCALES)?)),
-        None => None,
-    };
-    let scales = scales.as_mut().map(|(k, v)| (k, v));
-    let (k_rows, v_rows, rope_at) = (
-        new_rows(&k_new)?,
-        new_rows(&v_new)?,
+    let rows = |x| Tensor::bshd(x, [1, n, H_KV, D]);
+    pool.append(
+        &rows(&k_new)?,
+        &rows(&v_new)?,
+        slots,
         Some((&rope, positions)),
-    );
-    append(&k_rows, &v_rows, &mut kc, &mut vc, slots, scales, rope_at)?;
+    )?;
+    let mut q = rng.values(n * H * D);
     rope.apply(&mut TensorMut::bshd(&mut q, [1, n, H, D])?, positions)?;
 
     let q = Tensor::bshd(&q, [1, n, H, D])?;
-    let (k, v) = (Tensor::bshd(&c.k, POOL)?, Tensor::bshd(&c.v, POOL)?);
-    let (mut this_layer, mut opts) = (Layer::new(), s.opts.clone());
-    if let Some([ks, vs]) = &c.scales {
-        let (ks, vs) = (Tensor::bshd(ks, SCALES)?, Tensor::bshd(vs, SCALES)?);
-        (this_layer, opts) = (this_layer.kv_scales(ks, vs), opts.kv_scales(ks, vs));
-    }
     let (mut out, mut lse) = (vec![0.0f32; n * H * D], vec![0.0f32; H * n]);
     let mut out_view = TensorMut::bshd(&mut out, [1, n, H, D])?;
-    plan.run(&q, &k, &v, &mut out_view, Some(&mut lse), &this_layer)?;
+    plan.run_pool(&q, pool, &mut out_view, Some(&mut lse), &Layer::new())?;
 
-    let kv = VarlenKv::Paged(PagedKv::new(k, v, s.table, s.pps)?);
+    let kv = VarlenKv::Paged(pool.paged(s.table, s.pps)?);
+    let opts = pool.options(s.opts.clone()); // the int8 pool's scales
     let out = Tensor::bshd(&out, [1, n, H, D])?;
     let off = reference::compare_varlen(&q, s.cu_q, &kv, &out, Some(&lse), &opts)?;
     assert!(off.within_bound(), "{}: {off:?}", T::NAME);
@@ -126,18 +99,8 @@ fn main() -> Result<(), Error> {
     let mut waiting: Vec<(usize, usize, usize)> = (0..5)
         .map(|i| (3 * i + rng.range(0, 3), rng.range(5, 300), rng.range(2, 8)))
         .collect();
-    let n = NUM_PAGES * PAGE * H_KV;
-    let (zeros, no) = (|| vec![0.0; n], None);
-    let mut f16_layer = Caches {
-        k: vec![f16::ZERO; n * D],
-        v: vec![f16::ZERO; n * D],
-        scales: no,
-    };
-    let mut i8_layer = Caches {
-        k: vec![0; n * D],
-        v: vec![0; n * D],
-        scales: Some([zeros(), zeros()]),
-    };
+    let mut f16_pool = KvPool::<f16>::new(NUM_PAGES, PAGE, H_KV, D, D)?; // layer 0
+    let mut i8_pool = KvPool::<i8>::new(NUM_PAGES, PAGE, H_KV, D, D)?; // layer 1
     let mut free: Vec<u32> = (0..NUM_PAGES as u32).rev().collect(); // pop() hands out page 0 first
     let (mut running, mut ws) = (Vec::<Seq>::new(), Workspace::new()); // kernel memory, kept
     let heads = Heads {
@@ -167,7 +130,8 @@ fn main() -> Result<(), Error> {
             next_id += 1;
         }
         if running.is_empty() {
-            (step, _) = (step + 1, println!("step {step:2}: idle"));
+            println!("step {step:2}: idle");
+            step += 1;
             continue;
         }
         // Schedule: a prefill chunk or one decode row per sequence, and its pages.
@@ -188,9 +152,8 @@ fn main() -> Result<(), Error> {
             row[..s.pages.len()].copy_from_slice(&s.pages);
         }
         // One plan for the step (it places the new rows), one run per layer.
-        let opts = Options::new()
-            .causal(Alignment::BottomRight)
-            .cache_seqlens(&cached);
+        let causal = Options::new().causal(Alignment::BottomRight);
+        let opts = causal.cache_seqlens(&cached);
         let kv = StepKv::Paged {
             block_table: &table,
             pages_per_seq: pps,
@@ -207,8 +170,8 @@ fn main() -> Result<(), Error> {
             opts: &opts,
             new_rows: (&slots, &positions),
         };
-        let worst = layer(&mut f16_layer, &mut plan, &s, &mut rng)?;
-        let worst = worst.max(layer(&mut i8_layer, &mut plan, &s, &mut rng)?);
+        let worst = layer(&mut f16_pool, &mut plan, &s, &mut rng)?;
+        let worst = worst.max(layer(&mut i8_pool, &mut plan, &s, &mut rng)?);
         let prefill = running.iter().filter(|s| s.len <= s.prompt).count();
         let decode = running.len() - prefill;
         println!("step {step:2}: {prefill} prefill, {decode} decode, {total_q:3} rows, {worst:.3}");
@@ -221,9 +184,6 @@ fn main() -> Result<(), Error> {
         step += 1;
     }
     assert_eq!(free.len(), NUM_PAGES, "every page back on the free list");
-    println!(
-        "done: {step} steps, f16 and int8 caches, workspace {} KiB",
-        ws.bytes() / 1024
-    );
+    println!("done: {step} steps, workspace {} KiB", ws.bytes() / 1024);
     Ok(())
 }
