@@ -445,15 +445,9 @@ impl<'s> Plan<'s> {
         if layer.kv_scales.is_some() {
             return Err(Error::KvScales { kv_type: KV::NAME });
         }
-        let (k, v) = (pool.k(), pool.v());
-        self.run_layer(
-            q,
-            (&k, &v),
-            out,
-            lse,
-            layer.sinks,
-            Scales::Known(pool.scales()),
-        )
+        let (k, v, [k_scales, v_scales]) = pool.views()?;
+        let scales = Scales::Known(KV::QUANTIZED.then_some((k_scales, v_scales)));
+        self.run_layer(q, (&k, &v), out, lse, layer.sinks, scales)
     }
 
     /// The body of [`Plan::run`] and [`Plan::run_pool`].

@@ -100,7 +100,9 @@ impl<T: KvElement> KvPool<T> {
 
     /// The four views, or the error of one (none after [`KvPool::new`] checked them).
     #[allow(clippy::type_complexity)]
-    fn views(&self) -> Result<(Tensor<'_, T>, Tensor<'_, T>, [Tensor<'_, f32>; 2]), Error> {
+    pub(crate) fn views(
+        &self,
+    ) -> Result<(Tensor<'_, T>, Tensor<'_, T>, [Tensor<'_, f32>; 2]), Error> {
         let [p, s, h, _] = self.dims;
         let scales = |x| Tensor::bshd(x, [p, s, h, usize::from(T::QUANTIZED)]);
         Ok((
