@@ -2,7 +2,8 @@
 //! the packed query rows, the key lengths, the block table or packed key offsets, the heads,
 //! head sizes and options — validated and scheduled once by [`Plan::new`]; then
 //! [`Plan::run`] per layer with that layer's Q, K/V pools, output and (for `i8` caches) scales,
-//! checking only those. FlashInfer's `plan()`/`run()`, ggml's `cplan`.
+//! checking only those, or [`Plan::run_pool`] with a layer's [`KvPool`], whose `i8` scales are
+//! valid by construction and not checked again. FlashInfer's `plan()`/`run()`, ggml's `cplan`.
 //!
 //! A plan holds its own [`Workspace`] memory, so after the first layers of
 //! each kind of step (decode-only, or with prefill rows) its runs allocate nothing. Results
