@@ -434,7 +434,8 @@ impl<'s> Plan<'s> {
     /// 0.95 of a call's own overhead). `layer` brings sinks only: a pool's scales are its own.
     ///
     /// # Errors
-    /// As [`Plan::run`]; [`Error::KvScales`] for a `layer` with `kv_scales`.
+    /// As [`Plan::run`]; [`Error::InvalidValue`] with [`Operand::KeyScales`] for a `layer`
+    /// with `kv_scales`.
     pub fn run_pool<Q: Element, KV: KvElement, O: Element>(
         &mut self,
         q: &Tensor<'_, Q>,
@@ -444,7 +445,11 @@ impl<'s> Plan<'s> {
         layer: &Layer<'_>,
     ) -> Result<(), Error> {
         if layer.kv_scales.is_some() {
-            return Err(Error::KvScales { kv_type: KV::NAME });
+            return Err(Error::InvalidValue {
+                operand: Operand::KeyScales,
+                index: 0,
+                reason: "a KvPool brings its own scales: run_pool takes none from the Layer",
+            });
         }
         let (k, v, [k_scales, v_scales]) = pool.views()?;
         let scales = Scales::Known(KV::QUANTIZED.then_some((k_scales, v_scales)));

@@ -217,7 +217,10 @@ fn pool_matches_views<T: KvElement + Default>() {
                 &Layer::new().kv_scales(s, Tensor::bshd(&ones, [1, 1, 1, 1]).unwrap()),
             )
             .unwrap_err();
-        assert!(matches!(err, Error::KvScales { .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::InvalidValue { operand: Operand::KeyScales, .. }),
+            "{err:?}"
+        );
     }
 }
 
