@@ -218,7 +218,13 @@ fn pool_matches_views<T: KvElement + Default>() {
             )
             .unwrap_err();
         assert!(
-            matches!(err, Error::InvalidValue { operand: Operand::KeyScales, .. }),
+            matches!(
+                err,
+                Error::InvalidValue {
+                    operand: Operand::KeyScales,
+                    ..
+                }
+            ),
             "{err:?}"
         );
     }
