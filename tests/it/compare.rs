@@ -13,16 +13,13 @@ use sdpa::reference::{self, Deviation};
 use sdpa::{Alignment, Error, Operand, Options, PackedKv};
 use sdpa::{Tensor, TensorMut, VarlenKv};
 
+use crate::support::values::SplitMix;
+
 /// Deterministic values in [−2, 2).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 22) as f32 - 2.0
-        })
+    SplitMix::unit_values(n, seed)
+        .iter()
+        .map(|x| 2.0 * x)
         .collect()
 }
 
@@ -190,33 +187,20 @@ fn varlen_compares_the_calls_rows_and_skips_rows_outside_every_sequence() {
         ),
         "{err:?}"
     );
-    let wide = vec![0.0f32; total_q * H * (D + 1)];
-    let wide = Tensor::bshd(&wide, [1, total_q, H, D + 1]).unwrap();
-    let err = reference::compare_varlen(&qv, &cu_q, &kv, &wide, None, &opts).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ShapeMismatch {
-                operand: Operand::Output,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    // A broadcast view of enormous dims: refused by its dims, nothing allocated for it.
-    let one = [0.0f32];
-    let huge = Tensor::new(&one, [1, 1 << 40, H, D], [0; 4]).unwrap();
-    let err = reference::compare_varlen(&qv, &cu_q, &kv, &huge, None, &opts).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ShapeMismatch {
-                operand: Operand::Output,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    // An output of other dims, and a broadcast view of enormous dims: refused by their dims,
+    // nothing allocated for them.
+    let (wide, one) = (vec![0.0f32; total_q * H * (D + 1)], [0.0f32]);
+    for out in [
+        Tensor::bshd(&wide, [1, total_q, H, D + 1]).unwrap(),
+        Tensor::new(&one, [1, 1 << 40, H, D], [0; 4]).unwrap(),
+    ] {
+        let err = reference::compare_varlen(&qv, &cu_q, &kv, &out, None, &opts).unwrap_err();
+        let output = Operand::Output;
+        assert!(
+            matches!(err, Error::ShapeMismatch { operand, .. } if operand == output),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]
