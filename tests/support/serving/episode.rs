@@ -6,8 +6,8 @@ use super::{Action, Fault, ServingCase, ServingStats, StepSpec, LAYERS, MAX_CHUN
 use sdpa::half::{bf16, f16};
 use sdpa::reference;
 use sdpa::{
-    Alignment, Dim, Error, Heads, KvElement, Layer, Operand, Options, PackedKv, PagedKv, Plan,
-    Rope, StepKv, Tensor, TensorMut, VarlenKv,
+    Alignment, Dim, Error, Heads, KvElement, KvPool, Layer, Operand, Options, PackedKv, PagedKv,
+    Plan, Rope, StepKv, Tensor, TensorMut, VarlenKv,
 };
 
 /// A cache type and the value that fills the slots no sequence has written.
@@ -164,6 +164,10 @@ pub(super) fn episode<T: Cache>(case: &ServingCase) -> ServingStats {
             vs: vec![UNWRITTEN_SCALE; dims.pool(1).iter().product()],
         })
         .collect();
+    // The same layers as `KvPool`s (their own appends; `Plan::run_pool` must match).
+    let mut kv_pools: Vec<KvPool<T>> = (0..LAYERS)
+        .map(|_| KvPool::new(dims.pages, dims.page, dims.h_kv, dims.d_k, dims.d_v).unwrap())
+        .collect();
     // Tables for positions 0 .. MAX_STEPS · MAX_CHUNK (a sequence never holds more).
     let half = case.rope.map_or(1, |r| r.half);
     let table_len = MAX_STEPS * MAX_CHUNK * half;
@@ -209,7 +213,7 @@ pub(super) fn episode<T: Cache>(case: &ServingCase) -> ServingStats {
             cu_seqlens_k: &cu_k,
         };
         let mut packed_plan = spec.packed.then(|| plan(packed));
-        for (l, pools) in layers.iter_mut().enumerate() {
+        for (l, (pools, kv_pool)) in layers.iter_mut().zip(&mut kv_pools).enumerate() {
             let what = format!("{what} layer {l}");
             let (n, h, h_kv) = (step.slots.len(), dims.h, dims.h_kv);
             let k_new: Vec<f32> = (0..n * h_kv * dims.d_k)
@@ -233,6 +237,9 @@ pub(super) fn episode<T: Cache>(case: &ServingCase) -> ServingStats {
                 rope,
                 &mut stats,
             );
+            kv_pool
+                .append(&kt, &vt, &step.slots, rope)
+                .unwrap_or_else(|e| panic!("{what}: KvPool::append: {e}"));
             // Attention: Q rotated at the same positions.
             if let Some((r, positions)) = rope {
                 let mut qv = TensorMut::bshd(&mut q, [1, n, h, dims.d_k]).unwrap();
@@ -252,7 +259,8 @@ pub(super) fn episode<T: Cache>(case: &ServingCase) -> ServingStats {
                 sinks,
                 opts: &ref_opts,
             };
-            let paged_ref = runs.paged(dims, spec, &step, pools, &mut paged_plan, &mut stats);
+            let layer_pools = (&*pools, &*kv_pool);
+            let paged_ref = runs.paged(dims, spec, &step, layer_pools, &mut paged_plan, &mut stats);
             if let Some(plan) = packed_plan.as_mut() {
                 runs.packed(dims, &step, &cu_k, pools, plan, &paged_ref, &mut stats);
             }
@@ -392,13 +400,14 @@ impl Runs<'_> {
     }
 
     /// The paged plan (after the drawn short-pool fault: an error, nothing written) against
-    /// the paged reference; returns the reference's result.
+    /// the paged reference, and its run on the layer's `KvPool` against its run on the views,
+    /// bit for bit; returns the reference's result.
     fn paged<T: Cache>(
         &self,
         dims: Dims,
         spec: &StepSpec,
         step: &Step,
-        pools: &Pools<T>,
+        (pools, kv_pool): (&Pools<T>, &KvPool<T>),
         plan: &mut Plan<'_>,
         stats: &mut ServingStats,
     ) -> Outputs {
@@ -449,6 +458,13 @@ impl Runs<'_> {
         let fused = self
             .run(Call::Plan(plan, &kp, &vp), &layer, self.opts)
             .unwrap_or_else(|e| panic!("{what}: run: {e}"));
+        let mut o = self.buffers();
+        let mut view = TensorMut::bshd(&mut o.out, o.dims).unwrap();
+        let sinks_only = self.sinks.map_or(Layer::new(), |s| Layer::new().sinks(s));
+        plan.run_pool(self.q, kv_pool, &mut view, Some(&mut o.lse), &sinks_only)
+            .unwrap_or_else(|e| panic!("{what}: run_pool: {e}"));
+        let same_bits = bits(&o.out) == bits(&fused.out) && bits(&o.lse) == bits(&fused.lse);
+        assert!(same_bits, "{what}: run_pool differs from run on the views");
         let kv = VarlenKv::Paged(PagedKv::new(kp, vp, &step.table, step.pps).unwrap());
         let mut opts = self.opts.clone();
         if let Some((k, v)) = scales {
